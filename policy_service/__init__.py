@@ -1,0 +1,1 @@
+"""Policy service: gRPC servicers, rules engine, approvals, audit log."""

@@ -1,0 +1,1 @@
+"""Escalation server: wire protocol, fd passing, sessions, escalated spawning, CLI."""

@@ -1,0 +1,126 @@
+"""The policy interface the escalation server consults, and the values that cross it.
+
+The server asks any object satisfying :class:`Policy` two questions per intercepted exec
+(DESIGN.md §4): ``determine_action`` (Run / Escalate / Deny) and, for Escalate,
+``prepare_escalated_exec`` (exactly what to spawn). In production the object is the gRPC client
+(:mod:`execgate.server.grpc_policy`); tests and embedders may pass an in-process object.
+These dataclasses are the Python mirror of the ``execgate.v1`` messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Mapping, Protocol, Sequence, runtime_checkable
+
+ExecutionKind = Literal["unsandboxed", "session_default", "permissions"]
+Action = Literal["run", "escalate", "deny"]
+
+
+@dataclass(frozen=True, slots=True)
+class Permissions:
+    """A sandbox permission profile: network on/off and filesystem roots (absolute paths)."""
+
+    network: bool = False
+    writable_roots: tuple[str, ...] = ()
+    readable_roots: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """How an escalated command runs: unsandboxed, in the session's own profile, or a given profile."""
+
+    kind: ExecutionKind = "unsandboxed"
+    permissions: Permissions | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionContext:
+    """What the policy sees of the session with every request.
+
+    Attributes:
+        session_id: unique id of the session (one sandboxed shell / one agent).
+        labels: free-form key/value labels given by the orchestrator.
+        sandbox: the session's own sandbox profile, or None when the shell runs unconfined.
+    """
+
+    session_id: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    sandbox: Permissions | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The answer to ``determine_action``.
+
+    Attributes:
+        action: "run", "escalate" or "deny".
+        execution: for "escalate", how the command runs.
+        reason: for "deny", the text shown to the caller (None allowed); otherwise a justification.
+        rule_id: id of the rule that decided ("" if none), for the audit trail.
+        decision_id: unique id of this decision, for the audit trail.
+        error: True when the decision is a fail-closed Deny caused by an error (policy service down,
+            slow, garbage), kept apart from a real policy denial in logs and metrics.
+    """
+
+    action: Action
+    execution: Execution | None = None
+    reason: str | None = None
+    rule_id: str = ""
+    decision_id: str = ""
+    error: bool = False
+
+    @classmethod
+    def run(cls, **kw: object) -> Decision:
+        return cls(action="run", **kw)  # type: ignore[arg-type]
+
+    @classmethod
+    def escalate(cls, execution: Execution | None = None, **kw: object) -> Decision:
+        return cls(action="escalate", execution=execution or Execution(), **kw)  # type: ignore[arg-type]
+
+    @classmethod
+    def deny(cls, reason: str | None, **kw: object) -> Decision:
+        return cls(action="deny", reason=reason, **kw)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedExec:
+    """Exactly what the server spawns for an escalated command.
+
+    Attributes:
+        command: argv of the process to spawn; ``command[0]`` is the path executed.
+        cwd: absolute working directory.
+        env: the complete environment (nothing of the server's own environment is added).
+        arg0: argv[0] seen by the program, if it differs from ``command[0]``.
+    """
+
+    command: Sequence[str]
+    cwd: str
+    env: Mapping[str, str]
+    arg0: str | None = None
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """What the escalation server needs from a policy (in-process object or gRPC client).
+
+    Implementations must not raise for ordinary denials; the server turns any exception into a
+    fail-closed Deny whose reason names the cause.
+    """
+
+    async def determine_action(
+        self, program: str, argv: Sequence[str], workdir: str, session: SessionContext
+    ) -> Decision:
+        """Decide one exec. ``program`` is absolute (resolved against ``workdir``)."""
+        ...
+
+    async def prepare_escalated_exec(
+        self,
+        program: str,
+        argv: Sequence[str],
+        workdir: str,
+        env: Mapping[str, str],
+        execution: Execution,
+        session: SessionContext,
+    ) -> PreparedExec:
+        """Say exactly what to spawn for an escalated exec."""
+        ...

@@ -1,0 +1,184 @@
+"""Wire messages, environment variable names and limits of the local escalation protocol.
+
+Source of the facts: OpenAI Codex's ``shell-escalation`` protocol (see DESIGN.md §2 and the byte-exact
+vectors in ``shared/vectors/protocol.json``). This module holds only data: no sockets, no fds. Framing
+and ``SCM_RIGHTS`` live in :mod:`execgate.server.fdpass`.
+
+Sequence of one intercepted exec::
+
+    wrapper                                   server
+      | -- datagram b"\\x00" + fd (SCM_RIGHTS) --> |   handshake on CODEX_ESCALATE_SOCKET
+      | == frame EscalateRequest ===============> |   on the passed SOCK_STREAM
+      | <============== frame EscalateResponse == |   Run | Escalate | Deny
+      |  Run:  exec in place                      |
+      |  Deny: "Execution denied: ..." exit 1     |
+      | == frame SuperExecMessage + fds 0,1,2 ==> |   Escalate only
+      | <================= frame SuperExecResult == |   when the escalated child ends
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Decimal fd number of the client end of the per-session SOCK_DGRAM socketpair (Codex name).
+ESCALATE_SOCKET_ENV_VAR = "CODEX_ESCALATE_SOCKET"
+#: Absolute path of the execve wrapper; patched shells run ``WRAPPER FILE ARGV0 ARGV1 ...``.
+EXEC_WRAPPER_ENV_VAR = "EXEC_WRAPPER"
+#: The two variables of the session's env overlay, removed from ``EscalateRequest.env``.
+OVERLAY_ENV_VARS = (ESCALATE_SOCKET_ENV_VAR, EXEC_WRAPPER_ENV_VAR)
+#: Prefix of execgate's own environment variables.
+EXECGATE_ENV_PREFIX = "EXECGATE_"
+
+#: Payload of the handshake datagram (ignored by the server).
+HANDSHAKE_PAYLOAD = b"\x00"
+#: Length prefix of a frame: 4 bytes, little-endian, unsigned.
+LENGTH_PREFIX_BYTES = 4
+
+#: Default limits enforced by the server (DESIGN.md §2).
+MAX_FRAME_BYTES = 1 << 20
+MAX_FDS_PER_MESSAGE = 16
+REQUEST_READ_TIMEOUT_S = 10.0
+MAX_CONCURRENT_REQUESTS_PER_SESSION = 64
+
+#: Exit status printed by wrappers for a Deny (DESIGN.md §2 step 7).
+DENY_EXIT_CODE = 1
+DENY_MESSAGE_PREFIX = "Execution denied"
+
+
+class ProtocolError(Exception):
+    """Raised when a peer's frame or message breaks the escalation protocol."""
+
+
+def _dumps(obj: Any) -> bytes:
+    # Compact separators and insertion order reproduce serde_json's output byte for byte.
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _expect(cond: bool, what: str) -> None:
+    if not cond:
+        raise ProtocolError(what)
+
+
+def _is_str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+@dataclass(frozen=True, slots=True)
+class EscalateRequest:
+    """Wrapper → server: the exec being attempted.
+
+    Attributes:
+        file: path the caller passed to exec; may be relative to ``workdir``.
+        argv: full argv including argv[0].
+        workdir: absolute working directory of the caller.
+        env: the caller's environment minus :data:`OVERLAY_ENV_VARS`.
+    """
+
+    file: str
+    argv: list[str]
+    workdir: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return _dumps({"file": self.file, "argv": self.argv, "workdir": self.workdir, "env": self.env})
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> EscalateRequest:
+        """Build from decoded JSON; unknown fields are ignored. Raises ProtocolError on a wrong shape."""
+        _expect(isinstance(obj, dict), "request is not a JSON object")
+        file, argv, workdir, env = obj.get("file"), obj.get("argv"), obj.get("workdir"), obj.get("env")
+        _expect(isinstance(file, str) and file != "", "request.file must be a non-empty string")
+        _expect(_is_str_list(argv), "request.argv must be a list of strings")
+        _expect(isinstance(workdir, str), "request.workdir must be a string")
+        _expect(
+            isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()),
+            "request.env must be an object of strings",
+        )
+        return cls(file=file, argv=list(argv), workdir=workdir, env=dict(env))
+
+
+@dataclass(frozen=True, slots=True)
+class EscalateResponse:
+    """Server → wrapper: the decision.
+
+    ``action`` is ``"Run"``, ``"Escalate"`` or ``"Deny"``; ``reason`` only for Deny (may be None).
+    ``extensions`` are extra top-level fields execgate adds (Codex peers ignore them), e.g.
+    ``{"execgate_signals": true}`` on Escalate to say that the wrapper may forward signals.
+    """
+
+    action: str
+    reason: str | None = None
+    extensions: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        if self.action == "Deny":
+            obj: dict[str, Any] = {"action": {"Deny": {"reason": self.reason}}}
+        else:
+            obj = {"action": self.action}
+        obj.update(self.extensions)
+        return _dumps(obj)
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> EscalateResponse:
+        _expect(isinstance(obj, dict), "response is not a JSON object")
+        action = obj.get("action")
+        extensions = {k: v for k, v in obj.items() if k != "action"}
+        if action in ("Run", "Escalate"):
+            return cls(action=action, extensions=extensions)
+        if isinstance(action, dict) and isinstance(action.get("Deny"), dict):
+            reason = action["Deny"].get("reason")
+            _expect(reason is None or isinstance(reason, str), "Deny.reason must be a string or null")
+            return cls(action="Deny", reason=reason, extensions=extensions)
+        raise ProtocolError(f"unknown action {action!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SuperExecMessage:
+    """Wrapper → server after Escalate: destination fd numbers of the attached fds, in order."""
+
+    fds: list[int]
+
+    def to_json(self) -> bytes:
+        return _dumps({"fds": self.fds})
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> SuperExecMessage:
+        _expect(isinstance(obj, dict), "super-exec message is not a JSON object")
+        fds = obj.get("fds")
+        _expect(
+            isinstance(fds, list) and all(isinstance(f, int) and not isinstance(f, bool) and f >= 0 for f in fds),
+            "fds must be a list of non-negative integers",
+        )
+        return cls(fds=list(fds))
+
+
+@dataclass(frozen=True, slots=True)
+class SuperExecResult:
+    """Server → wrapper: the escalated command's exit status (128+S if killed by signal S)."""
+
+    exit_code: int
+
+    def to_json(self) -> bytes:
+        return _dumps({"exit_code": self.exit_code})
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> SuperExecResult:
+        _expect(isinstance(obj, dict), "super-exec result is not a JSON object")
+        code = obj.get("exit_code")
+        _expect(isinstance(code, int) and not isinstance(code, bool), "exit_code must be an integer")
+        return cls(exit_code=code)
+
+
+def decode_json(payload: bytes) -> Any:
+    """Decode a frame's UTF-8 JSON payload. Raises ProtocolError on bad UTF-8 or bad JSON."""
+    try:
+        return json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"frame is not UTF-8 JSON: {exc}") from exc
+
+
+def deny_message(reason: str | None) -> str:
+    """The line a wrapper prints on stderr for a Deny (DESIGN.md §2 step 7)."""
+    return f"{DENY_MESSAGE_PREFIX}: {reason}" if reason else DENY_MESSAGE_PREFIX
