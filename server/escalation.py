@@ -94,6 +94,8 @@ async def handle_connection(
         log.warning("session %s: protocol error, connection closed: %s", context.session_id, exc)
     except OSError as exc:
         log.warning("session %s: connection failed: %s", context.session_id, exc)
+    except Exception:  # a bug here must not take the session down; log it with its traceback
+        log.exception("session %s: unexpected error serving a connection", context.session_id)
     finally:
         conn.close()
 

@@ -78,6 +78,7 @@ class Session:
         self._children: set[ChildProcess] = set()
         self._tasks: set[asyncio.Task[None]] = set()  # listeners and bookkeeping
         self._conns: set[asyncio.Task[None]] = set()  # one per connection being served
+        self._supervising: set[asyncio.Task[None]] = set()  # the subset with an escalated child
         self._closed = False
         self._dir = tempfile.mkdtemp(prefix="execgate-", dir=socket_dir)  # mode 0700 (mkdtemp(3))
         try:
@@ -135,9 +136,12 @@ class Session:
         self._listener.close()
         self.close_client_socket()
         shutil.rmtree(self._dir, ignore_errors=True)
+        await _cancel(self._conns - self._supervising)
         await self._kill_children()
+        # Let each supervising connection send its child's status; cancel stragglers.
+        if self._supervising:
+            await asyncio.wait(self._supervising, timeout=1.0)
         await _cancel(self._conns)
-        await self._kill_children()  # any spawned while the connections were being cancelled
 
     async def _kill_children(self) -> None:
         children = list(self._children)
@@ -206,11 +210,14 @@ class Session:
         self._spawn_task(coro, self._conns)
 
     def _track(self, child: ChildProcess) -> None:
+        # Called from the connection's own task right after the spawn, never after close() began:
+        # close() cancels every connection without a child before it looks at the children.
         self._children.add(child)
-        if self._closed:
-            asyncio.get_running_loop().create_task(self._kill_children())
-        else:
-            self._spawn_task(self._untrack_when_gone(child))
+        task = asyncio.current_task()
+        if task is not None:
+            self._supervising.add(task)
+            task.add_done_callback(self._supervising.discard)
+        self._spawn_task(self._untrack_when_gone(child))
 
     async def _untrack_when_gone(self, child: ChildProcess) -> None:
         await child.wait()

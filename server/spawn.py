@@ -46,7 +46,7 @@ def signal_group(pgid: int, signum: int) -> bool:
     return True
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: tracked in sets
 class ChildProcess:
     """A spawned process leading its own process group.
 
