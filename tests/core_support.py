@@ -122,6 +122,23 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def group_commands(pgid: int) -> list[str]:
+    """Command names (``comm``) of the live processes in process group ``pgid``, from /proc."""
+    names = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                head, tail = f.read().rsplit(")", 1)
+        except OSError:
+            continue
+        fields = tail.split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            names.append(head.split("(", 1)[1])
+    return names
+
+
 async def wait_until(pred, deadline_s: float = 5.0) -> bool:
     """Poll ``pred()`` until true or ``deadline_s`` seconds pass; return its last value."""
     end = time.monotonic() + deadline_s
