@@ -26,10 +26,10 @@ import os
 import signal
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol
 
 from execgate.server.escalation import Limits
-from execgate.server.fdpass import wait_readable
+from execgate.server.fdpass import close_fds, wait_readable
 from execgate.server.policy import Permissions, Policy
 from execgate.server.session import ExtraEnv, Session
 from execgate.server.spawn import ChildProcess, spawn
@@ -173,36 +173,23 @@ class EscalateServer:
         """
         started = time.monotonic()
         capture = _Capture(on_output)
-        async with self.start_session(session_id, labels) as session:
-            argv = self.shell_argv(command, login=login, session=session, workdir=workdir)
-            shell_env = {**(os.environ if env is None else env), **session.env_overlay}
-            out_r, out_w = os.pipe()
-            err_r, err_w = os.pipe()
-            try:
+        try:
+            async with self.start_session(session_id, labels) as session:
+                argv = self.shell_argv(command, login=login, session=session, workdir=workdir)
+                shell_env = {**(os.environ if env is None else env), **session.env_overlay}
                 try:
                     shell = spawn(
-                        argv, env=shell_env, cwd=workdir, stdio={1: out_w, 2: err_w}, pass_fds=(session.client_fd,)
+                        argv, env=shell_env, cwd=workdir, stdio=capture.write_ends(), pass_fds=(session.client_fd,)
                     )
                 finally:
-                    os.close(out_w)
-                    os.close(err_w)
+                    capture.close_write_ends()
                     session.close_client_socket()
-                readers = [asyncio.ensure_future(capture.drain(out_r, "stdout")), asyncio.ensure_future(capture.drain(err_r, "stderr"))]
-                try:
-                    status, timed_out = await _wait_shell(shell, timeout_s)
-                    duration = time.monotonic() - started
-                except BaseException:
-                    await _finish_readers(readers, 0)
-                    raise
-            except BaseException:
-                os.close(out_r)
-                os.close(err_r)
-                raise
-        try:
-            await _finish_readers(readers, DRAIN_S)
+                capture.start()
+                status, timed_out = await _wait_shell(shell, timeout_s)
+                duration = time.monotonic() - started
+            await capture.finish(DRAIN_S)  # after the session closed: escalated writers are gone
         finally:
-            os.close(out_r)
-            os.close(err_r)
+            await capture.close()
         return capture.result(status, duration, timed_out)
 
 
@@ -221,22 +208,46 @@ async def _wait_shell(shell: ChildProcess, timeout_s: float | None) -> tuple[int
         raise
 
 
-async def _finish_readers(readers: Sequence[asyncio.Future[None]], timeout_s: float) -> None:
-    _done, pending = await asyncio.wait(readers, timeout=timeout_s) if timeout_s > 0 else ((), readers)
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*readers, return_exceptions=True)
-
-
 class _Capture:
-    """Accumulates the shell's output per stream and interleaved."""
+    """The shell's stdout/stderr pipes (owned here) and their output, per stream and interleaved."""
 
     def __init__(self, on_output: OutputCallback | None) -> None:
         self.on_output = on_output
         self.chunks: list[tuple[str, bytes]] = []
+        self.fds: dict[str, int] = {}
+        self.tasks: list[asyncio.Future[None]] = []
+        try:
+            for name in ("stdout", "stderr"):
+                self.fds[name], self.fds[name + "_w"] = os.pipe()
+        except BaseException:
+            close_fds(self.fds.values())
+            raise
+
+    def write_ends(self) -> dict[int, int]:
+        """Destination → write end, for :func:`spawn`'s ``stdio``."""
+        return {1: self.fds["stdout_w"], 2: self.fds["stderr_w"]}
+
+    def close_write_ends(self) -> None:
+        close_fds([self.fds.pop("stdout_w"), self.fds.pop("stderr_w")])
+
+    def start(self) -> None:
+        self.tasks = [asyncio.ensure_future(self.drain(self.fds[n], n)) for n in ("stdout", "stderr")]
+
+    async def finish(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` seconds for both pipes to reach EOF."""
+        if self.tasks:
+            await asyncio.wait(self.tasks, timeout=timeout_s)
+
+    async def close(self) -> None:
+        """Stop reading and close every pipe end still open. Idempotent."""
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        close_fds(self.fds.values())
+        self.fds.clear()
 
     async def drain(self, fd: int, name: str) -> None:
-        """Read ``fd`` (a pipe's read end, still owned by the caller) until EOF."""
+        """Read ``fd`` (a pipe's read end, closed by :meth:`close`) until EOF."""
         os.set_blocking(fd, False)
         while True:
             try:

@@ -79,11 +79,21 @@ def _recvmsg(sock: socket.socket, nbytes: int, max_fds: int) -> tuple[bytes, lis
     return data, fds
 
 
+class _Fd:
+    """Adapts a bare fd to the ``fileno()`` interface of :func:`_wait`."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def fileno(self) -> int:
+        return self._fd
+
+
 # --------------------------------------------------------------------------------------------
 # Async variants (non-blocking sockets, asyncio or uvloop).
 
 
-async def _wait(sock: socket.socket, writable: bool) -> None:
+async def _wait(sock: socket.socket | _Fd, writable: bool) -> None:
     # Imported here, not at module top: the per-exec wrapper imports this module and must not pay
     # for importing asyncio.
     import asyncio
@@ -200,16 +210,8 @@ async def recv_datagram(
 
 async def wait_readable(sock_or_fd: socket.socket | int) -> None:
     """Wait until ``sock_or_fd`` (a socket or any pollable fd, e.g. a pidfd or pipe) is readable."""
-
-    class _Fd:
-        def __init__(self, fd: int) -> None:
-            self._fd = fd
-
-        def fileno(self) -> int:
-            return self._fd
-
     target = sock_or_fd if isinstance(sock_or_fd, socket.socket) else _Fd(sock_or_fd)
-    await _wait(target, writable=False)  # type: ignore[arg-type]
+    await _wait(target, writable=False)
 
 
 # --------------------------------------------------------------------------------------------

@@ -115,3 +115,10 @@ async def test_concurrent_execs_share_one_loop(short_tmp):
     )
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(4)]
     assert {c[3].session_id for c in policy.calls} == {"s0", "s1", "s2", "s3"}
+
+
+async def test_pipeline_stdin_reaches_an_escalated_cat(short_tmp):
+    policy = TablePolicy({"cat": ESCALATE})
+    result = await _server(policy, short_tmp).exec('echo in | "$EXEC_WRAPPER" /bin/cat cat', str(short_tmp))
+    assert (result.exit_code, result.stdout) == (0, "in\n")
+    assert policy.programs == ["/bin/cat"]
