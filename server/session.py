@@ -70,6 +70,7 @@ class Session:
         limits: Limits | None = None,
         socket_dir: str | None = None,
     ) -> None:
+        loop = asyncio.get_running_loop()  # RuntimeError before any resource exists
         self.policy = policy
         self.limits = limits or Limits()
         self.context = SessionContext(
@@ -80,6 +81,7 @@ class Session:
         self._conns: set[asyncio.Task[None]] = set()  # one per connection being served
         self._supervising: set[asyncio.Task[None]] = set()  # the subset with an escalated child
         self._closed = False
+        self._loop = loop
         self._dir = tempfile.mkdtemp(prefix="execgate-", dir=socket_dir)  # mode 0700 (mkdtemp(3))
         try:
             self.socket_path = os.path.join(self._dir, "s")
@@ -150,7 +152,7 @@ class Session:
 
     def _spawn_task(self, coro: object, tasks: set[asyncio.Task[None]] | None = None) -> None:
         bucket = self._tasks if tasks is None else tasks
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        task = self._loop.create_task(coro)  # type: ignore[arg-type]
         bucket.add(task)
         task.add_done_callback(bucket.discard)
 

@@ -127,6 +127,10 @@ def run_in_place(file: str, argv: Sequence[str], env: dict[str, str]) -> NoRetur
         os.set_inheritable(int(env.get(p.ESCALATE_SOCKET_ENV_VAR, "")), True)
     except (ValueError, OSError):
         pass
+    # CPython ignores SIGPIPE and SIGXFSZ at startup and execve keeps ignored dispositions: give
+    # the program the defaults it would have had without us (as subprocess's restore_signals does).
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
     try:
         os.execve(file, list(argv), env)
     except OSError as exc:

@@ -150,3 +150,9 @@ def test_usage_error_and_light_imports():
     code = "import sys, execgate.wrapper.client; print(sorted({'asyncio', 'subprocess', 'uvloop'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert out.strip() == "[]"
+
+
+async def test_run_restores_default_signal_dispositions(server_for):
+    async with server_for(TablePolicy()).start_session() as s:
+        rc, out, _ = await _run_wrapper(s, ["/bin/grep", "grep", "SigIgn", "/proc/self/status"])
+    assert (rc, out.split()) == (0, ["SigIgn:", "0000000000000000"])
