@@ -183,7 +183,7 @@ class RuleSet:
         )
 
     def is_trusted(self, program: str) -> bool:
-        """True when basename rules of every decision may apply to absolute ``program``."""
+        """True when permissive (run, escalate) basename rules may apply to absolute ``program``."""
         program = os.path.normpath(program)
         if not os.path.isabs(program):
             return False
