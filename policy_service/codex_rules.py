@@ -87,7 +87,7 @@ def load_codex(path: Path) -> RulesFile:
 
 
 def _call(stmt: ast.stmt, path: Path) -> tuple[str, dict[str, Any]]:
-    """Accept ``name(key=literal, …)`` for the two allowed names; return name and literal kwargs."""
+    """Accept ``name(key=literal, …)`` for the two allowed names; return name and kwargs."""
     where = f"line {stmt.lineno}"
     if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
         raise fail(path, where, f"only prefix_rule(...) and host_executable(...) calls are "

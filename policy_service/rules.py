@@ -14,7 +14,8 @@ Typical use::
     store = RulesStore([DEFAULT_RULES_PATH, "/etc/execgate/rules.toml"])
     task = asyncio.create_task(store.watch(1.0))
     ev = store.current.evaluate("/usr/bin/git", ["git", "push", "origin", "main"])
-    ev.decision, ev.execution, ev.rule.id   # "escalate", Execution("permissions", …), "git-network"
+    ev.decision, ev.rule.id   # "escalate", "git-network"
+    ev.execution              # Execution("permissions", Permissions(network=True))
 
 Modules: :mod:`.rules_model` (values), :mod:`.rules_toml` and :mod:`.codex_rules` (loaders),
 :mod:`.rules_engine` (RuleSet), :mod:`.rules_store` (reloading).

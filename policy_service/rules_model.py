@@ -29,7 +29,7 @@ Command = tuple[str, ...]
 
 
 class RulesError(Exception):
-    """Raised when a rules file cannot be read, parsed or validated, or one of its examples fails."""
+    """Raised when a rules file cannot be read, parsed or validated, or an example fails."""
 
 
 @dataclass(frozen=True)
