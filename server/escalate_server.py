@@ -7,7 +7,7 @@ parts of execgate, all optional constructor arguments:
 * ``extra_env`` — extra env-overlay variables per session (mapping, or callable given the
   :class:`~execgate.server.session.Session`), e.g. the preload shim's ``LD_PRELOAD`` and
   ``EXECGATE_*`` variables.
-* ``launcher`` — a :class:`ShellLauncher` turning the shell argv into the argv actually spawned
+* ``launcher`` — a :class:`ShellLauncher` (or :class:`ArgvLauncher`) turning the shell argv into the argv actually spawned
   (a bubblewrap sandbox prefixes ``bwrap ...``); ``sandbox`` (or the launcher's ``permissions``
   attribute) is the session's profile sent to the policy in ``SessionContext.sandbox``.
 * ``exec(env=..., on_output=...)`` — the shell's base environment, and a callback receiving output
@@ -53,6 +53,14 @@ class ShellLauncher(Protocol):
     def __call__(self, argv: list[str], *, session: Session, workdir: str) -> list[str]: ...
 
 
+class ArgvLauncher(Protocol):
+    """The other accepted launcher shape (e.g. :class:`execgate.server.sandbox.ShellSandbox`):
+    ``launch_argv`` is given the session's fallback-socket directory in ``extra_binds`` so that a
+    sandbox can bind it back in."""
+
+    def launch_argv(self, shell_argv: list[str], *, cwd: str, extra_binds: list[str]) -> list[str]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ExecResult:
     """Outcome of :meth:`EscalateServer.exec`.
@@ -86,7 +94,7 @@ class EscalateServer:
         shell: path of the shell run by :meth:`exec` (bash, zsh, dash, …).
         wrapper: path of the execve wrapper exported as ``EXEC_WRAPPER`` (made absolute).
         policy: the :class:`~execgate.server.policy.Policy` consulted for every exec.
-        launcher: optional :class:`ShellLauncher` hook (sandbox).
+        launcher: optional :class:`ShellLauncher` or :class:`ArgvLauncher` hook (sandbox).
         sandbox: the sessions' sandbox profile; default ``launcher.permissions`` if present.
         extra_env: extra env-overlay variables (mapping or ``callable(session) -> mapping``).
         limits: protocol limits and kill grace period.
@@ -100,7 +108,7 @@ class EscalateServer:
         wrapper: str,
         policy: Policy,
         *,
-        launcher: ShellLauncher | None = None,
+        launcher: ShellLauncher | ArgvLauncher | None = None,
         sandbox: Permissions | None = None,
         extra_env: ExtraEnv | None = None,
         limits: Limits | None = None,
@@ -138,7 +146,11 @@ class EscalateServer:
     def shell_argv(self, command: str, *, login: bool, session: Session, workdir: str) -> list[str]:
         """``[shell, "-c"|"-lc", command]``, passed through the launcher hook if any."""
         argv = [self.shell, "-lc" if login else "-c", command]
-        return list(self.launcher(argv, session=session, workdir=workdir)) if self.launcher else argv
+        if self.launcher is None:
+            return argv
+        if hasattr(self.launcher, "launch_argv"):
+            return list(self.launcher.launch_argv(argv, cwd=workdir, extra_binds=[session.socket_dir]))
+        return list(self.launcher(argv, session=session, workdir=workdir))  # type: ignore[operator]
 
     async def exec(
         self,

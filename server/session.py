@@ -107,6 +107,11 @@ class Session:
         return self.context.session_id
 
     @property
+    def socket_dir(self) -> str:
+        """The private (0700) directory holding the fallback socket; removed when the session closes."""
+        return self._dir
+
+    @property
     def children(self) -> frozenset[ChildProcess]:
         """Escalated processes started and still tracked (see the module caveat)."""
         return frozenset(self._children)

@@ -122,3 +122,23 @@ async def test_pipeline_stdin_reaches_an_escalated_cat(short_tmp):
     result = await _server(policy, short_tmp).exec('echo in | "$EXEC_WRAPPER" /bin/cat cat', str(short_tmp))
     assert (result.exit_code, result.stdout) == (0, "in\n")
     assert policy.programs == ["/bin/cat"]
+
+
+async def test_launch_argv_launcher_gets_the_socket_dir_to_bind(short_tmp):
+    calls = []
+
+    class SandboxLike:  # the shape of execgate.server.sandbox.ShellSandbox
+        permissions = Permissions(network=True)
+
+        def launch_argv(self, shell_argv, *, cwd, extra_binds):
+            calls.append((cwd, list(extra_binds)))
+            return ["/usr/bin/env", "EG_SANDBOXED=1", *shell_argv]
+
+    policy = TablePolicy()
+    result = await _server(policy, short_tmp, launcher=SandboxLike()).exec(
+        'echo "$EG_SANDBOXED"; "$EXEC_WRAPPER" /bin/true true', str(short_tmp)
+    )
+    assert result.stdout == "1\n"
+    ((cwd, binds),) = calls
+    assert cwd == str(short_tmp) and len(binds) == 1 and os.path.dirname(binds[0]) == str(short_tmp)
+    assert policy.calls[0][3].sandbox == Permissions(network=True)
