@@ -7,7 +7,8 @@ parts of execgate, all optional constructor arguments:
 * ``extra_env`` — extra env-overlay variables per session (mapping, or callable given the
   :class:`~execgate.server.session.Session`), e.g. the preload shim's ``LD_PRELOAD`` and
   ``EXECGATE_*`` variables.
-* ``launcher`` — a :class:`ShellLauncher` (or :class:`ArgvLauncher`) turning the shell argv into the argv actually spawned
+* ``launcher`` — a :class:`ShellLauncher` (or :class:`ArgvLauncher`) turning the shell argv into
+  the argv actually spawned
   (a bubblewrap sandbox prefixes ``bwrap ...``); ``sandbox`` (or the launcher's ``permissions``
   attribute) is the session's profile sent to the policy in ``SessionContext.sandbox``.
 * ``exec(env=..., on_output=...)`` — the shell's base environment, and a callback receiving output

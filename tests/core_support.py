@@ -37,7 +37,9 @@ class TablePolicy:
         self.commands = dict(commands or {})
         self.calls: list[tuple[str, list[str], str, SessionContext]] = []
 
-    async def determine_action(self, program: str, argv: Sequence[str], workdir: str, session: SessionContext) -> Decision:
+    async def determine_action(
+        self, program: str, argv: Sequence[str], workdir: str, session: SessionContext
+    ) -> Decision:
         self.calls.append((program, list(argv), workdir, session))
         return self.table.get(os.path.basename(program), self.default)
 
@@ -97,9 +99,12 @@ def _ints(fds: Sequence[int]) -> bytes:
     return array.array("i", fds).tobytes()
 
 
-async def ask(sock: socket.socket, file: str, argv: Sequence[str], workdir: str = "/", env: Mapping[str, str] | None = None) -> p.EscalateResponse:
+async def ask(
+    sock: socket.socket, file: str, argv: Sequence[str], workdir: str = "/", env: Mapping[str, str] | None = None
+) -> p.EscalateResponse:
     """Send a request on ``sock`` and return the decoded response."""
-    await send_frame(sock, p.EscalateRequest(file=file, argv=list(argv), workdir=workdir, env=dict(env or {})).to_json())
+    request = p.EscalateRequest(file=file, argv=list(argv), workdir=workdir, env=dict(env or {}))
+    await send_frame(sock, request.to_json())
     payload, _ = await recv_frame(sock, max_fds=0)
     return p.EscalateResponse.from_obj(p.decode_json(payload))
 

@@ -111,7 +111,10 @@ async def test_concurrent_execs_share_one_loop(short_tmp):
     policy = TablePolicy({"sh": ESCALATE})
     server = _server(policy, short_tmp)
     results = await asyncio.gather(
-        *(server.exec(f'"$EXEC_WRAPPER" /bin/sh sh -c "exit {i}"; echo $?', str(short_tmp), session_id=f"s{i}") for i in range(4))
+        *(
+            server.exec(f'"$EXEC_WRAPPER" /bin/sh sh -c "exit {i}"; echo $?', str(short_tmp), session_id=f"s{i}")
+            for i in range(4)
+        )
     )
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(4)]
     assert {c[3].session_id for c in policy.calls} == {"s0", "s1", "s2", "s3"}

@@ -255,3 +255,30 @@ def test_spawn_maps_sources_numbered_0_to_2_and_reports_128_plus_signal(short_tm
     proc = subprocess.run([sys.executable, "-c", SPAWN_ON_LOW_FDS, str(out)], timeout=60)
     assert proc.returncode == 143
     assert out.read_bytes() == b"in\nerr\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another uid")
+async def test_fallback_socket_refuses_other_uids(short_tmp):
+    async with _server(TablePolicy(), short_tmp).start_session() as s:
+        for d in (short_tmp, s.socket_dir):  # let the other uid reach the socket: the uid check must stop it
+            os.chmod(d, 0o755)
+        os.chmod(s.socket_path, 0o777)
+        code = textwrap.dedent(
+            f"""
+            import os, socket
+            os.setgid(65534); os.setuid(65534)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect({s.socket_path!r})
+            sock.settimeout(10)
+            try:
+                sock.sendall({encode_frame(p.EscalateRequest("/bin/true", ["true"], "/", {}).to_json())!r})
+                print(repr(sock.recv(100)))  # a served peer would read the Run frame here
+            except (BrokenPipeError, ConnectionResetError):
+                print(repr(b""))
+            """
+        )
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, stdout=subprocess.PIPE)
+        async with asyncio.timeout(20):
+            out, _ = await proc.communicate()
+        assert (proc.returncode, out) == (0, b"b''\n")  # connected, then closed without a word
+        assert (await request(s.client_fd, "/bin/true", ["true"])).action == "Run"

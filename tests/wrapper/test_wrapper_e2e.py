@@ -86,7 +86,8 @@ async def test_deny_prints_the_reason_and_exits_1(server_for, short_tmp):
     marker = short_tmp / "ran"
     policy = TablePolicy({"touch": Decision.deny("not today"), "sh": Decision.deny(None)})
     async with server_for(policy).start_session() as s:
-        assert await _run_wrapper(s, ["/usr/bin/touch", "touch", str(marker)]) == (1, "", "Execution denied: not today\n")
+        denied = await _run_wrapper(s, ["/usr/bin/touch", "touch", str(marker)])
+        assert denied == (1, "", "Execution denied: not today\n")
         assert await _run_wrapper(s, ["/bin/sh", "sh", "-c", "true"]) == (1, "", "Execution denied\n")
     assert not marker.exists()
 
