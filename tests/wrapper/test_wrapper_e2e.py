@@ -92,15 +92,16 @@ async def test_deny_prints_the_reason_and_exits_1(server_for, short_tmp):
     assert not marker.exists()
 
 
-async def test_sigint_to_the_wrapper_reaches_the_escalated_child(server_for):
+@pytest.mark.parametrize("name", ["INT", "TERM", "HUP", "QUIT"])
+async def test_signal_to_the_wrapper_reaches_the_escalated_child(server_for, name):
     async with server_for(TablePolicy({"sh": ESCALATE})).start_session() as s:
-        proc = await _start_wrapper(s, ["/bin/sh", "sh", "-c", 'trap "exit 42" INT; sleep 100'])
+        proc = await _start_wrapper(s, ["/bin/sh", "sh", "-c", f'trap "exit 42" {name}; sleep 100'])
         assert await wait_until(lambda: len(s.children) == 1, 20)
         (child,) = s.children
         # Signal only once `sleep` runs: an INT that reached the group before the fork would leave
         # a fresh sleep behind, holding our stdout pipe open (plain shell semantics).
         assert await wait_until(lambda: "sleep" in group_commands(child.pgid), 20)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, f"SIG{name}"))
         async with asyncio.timeout(20):
             await proc.communicate()
     assert proc.returncode == 42
