@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, Callable
 
 from execgate.wrapper.artifacts import native_wrapper_path, preload_library_path
 
@@ -59,3 +60,27 @@ def preload_env(
     if max_depth is not None:
         env[MAX_DEPTH_ENV_VAR] = str(max_depth)
     return env
+
+
+def preload_extra_env(
+    wrapper_path: str | os.PathLike[str] | None = None, *, max_depth: int | None = None
+) -> Callable[[Any], dict[str, str]]:
+    """An ``extra_env`` callable for ``EscalateServer``/``Session``: :func:`preload_env` for each
+    session, pinning the session's client socket (``session.client_fd``). ``EXEC_WRAPPER`` is
+    included only when ``wrapper_path`` is given; otherwise the server's wrapper stays in force.
+
+    Raises:
+        NativeArtifactMissing: the shim (or the default wrapper) was not built; raised here, at
+            configuration time, not when a session starts.
+    """
+    preload_library_path()
+    wrapper = Path(wrapper_path) if wrapper_path is not None else native_wrapper_path()
+
+    def extra(session: Any) -> dict[str, str]:
+        fd = getattr(session, "client_fd", -1)
+        env = preload_env(wrapper, socket_fd=fd if fd >= 0 else None, max_depth=max_depth)
+        if wrapper_path is None:
+            del env["EXEC_WRAPPER"]  # keep the server's own wrapper (normally the native one)
+        return env
+
+    return extra

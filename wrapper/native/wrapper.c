@@ -676,8 +676,13 @@ static void forward_signals(void)
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
-    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction old;
+        /* A signal ignored on entry stays ignored (POSIX: background jobs ignore SIGINT/SIGQUIT). */
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN)
+            continue;
         sigaction(sigs[i], &sa, NULL);
+    }
 }
 
 static int dup_std(int fd)
@@ -694,11 +699,13 @@ static void escalate(int stream, int signals)
 {
     static const char msg[] = "{\"fds\":[0,1,2]}";
     int fds[3] = {dup_std(0), dup_std(1), dup_std(2)};
+    /* Handlers only queue signals in a pipe, read after the fds frame is out: a signal frame
+     * never precedes it, and a signal arriving meanwhile is not lost. */
+    if (signals)
+        forward_signals();
     send_frame(stream, msg, sizeof msg - 1, fds, 3);
     for (int i = 0; i < 3; i++)
         close(fds[i]);
-    if (signals)
-        forward_signals();
     for (;;) {
         struct pollfd p[2] = {{stream, POLLIN, 0}, {sig_pipe[0], POLLIN, 0}};
         int n = poll(p, signals ? 2 : 1, -1);
