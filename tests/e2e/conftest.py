@@ -1,0 +1,142 @@
+"""End-to-end fixtures: real shells under the preload shim, a real escalation server, an in-process
+policy that denies one marker program and runs everything else.
+
+The server is ``execgate.server.escalate_server.EscalateServer`` (run on a uvloop event loop, as in
+production); while that module is absent (a branch without the server core) the tests fall back to
+the threaded reference server in ``tests/native_support.py``, which speaks the same protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import posixpath
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pytest
+
+from execgate.wrapper.artifacts import native_wrapper_path
+from execgate.wrapper.interception import preload_env
+
+try:
+    from execgate.server.escalate_server import EscalateServer
+except ImportError:  # server core not merged yet
+    EscalateServer = None  # type: ignore[assignment,misc]
+
+from execgate.server.policy import Decision, Execution, PreparedExec
+
+DENIED = "eg-denied-marker"
+ALLOWED = "eg-allowed-marker"
+ALLOWED_OUTPUT = "allowed-marker-ran"
+DENIED_OUTPUT = "DENIED-MARKER-RAN"
+DENY_REASON = "marker denied"
+
+
+class MarkerPolicy:
+    """Denies programs whose basename is ``eg-denied-marker``; runs everything else.
+
+    Attributes:
+        calls: ``(program, argv)`` of every ``determine_action``, in order.
+    """
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[str]]] = []
+
+    async def determine_action(self, program: str, argv: Sequence[str], workdir: str, session: Any) -> Decision:
+        return self.decide(program, argv)
+
+    def decide(self, program: str, argv: Sequence[str]) -> Decision:
+        self.calls.append((program, list(argv)))
+        if posixpath.basename(program) == DENIED:
+            return Decision.deny(DENY_REASON)
+        return Decision.run()
+
+    async def prepare_escalated_exec(
+        self, program: str, argv: Sequence[str], workdir: str, env: Mapping[str, str], execution: Execution, session: Any
+    ) -> PreparedExec:
+        return PreparedExec(command=[program, *argv[1:]], cwd=workdir, env=dict(env))
+
+    def programs(self) -> list[str]:
+        return [program for program, _ in self.calls]
+
+
+@dataclass
+class Result:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+@dataclass
+class Gate:
+    """Runs ``SHELL -c SCRIPT`` in one session under the preload shim and the native wrapper."""
+
+    policy: MarkerPolicy
+    bindir: Path
+    workdir: Path
+    socket_dir: Path
+
+    def base_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("EXECGATE_", "LD_", "CODEX_"))}
+        env.pop("EXEC_WRAPPER", None)
+        env["PATH"] = f"{self.bindir}:{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
+        return env
+
+    def run(self, shell: str, script: str, timeout: float = 60) -> Result:
+        shell_path = shutil.which(shell) or shell
+        if EscalateServer is not None:
+            return self._run_real(shell_path, script, timeout)
+        return self._run_reference(shell_path, script, timeout)
+
+    def _run_real(self, shell: str, script: str, timeout: float) -> Result:
+        import uvloop
+
+        from execgate.wrapper.interception import preload_extra_env
+
+        server = EscalateServer(
+            shell, str(native_wrapper_path()), self.policy,
+            extra_env=preload_extra_env(), socket_dir=str(self.socket_dir),
+        )
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            res = runner.run(server.exec(script, str(self.workdir), timeout_s=timeout, env=self.base_env()))
+        assert not res.timed_out, f"timed out: {res.output}"
+        return Result(res.exit_code, res.stdout, res.stderr)
+
+    def _run_reference(self, shell: str, script: str, timeout: float) -> Result:
+        from native_support import MiniServer
+
+        def decide(req: dict[str, Any]) -> dict[str, Any]:
+            program = posixpath.normpath(posixpath.join(req["workdir"], req["file"]))
+            d = self.policy.decide(program, req["argv"])
+            return {"action": {"Deny": {"reason": d.reason}}} if d.action == "deny" else {"action": "Run"}
+
+        with MiniServer(decide, self.socket_dir) as srv:
+            env = self.base_env() | srv.env(native_wrapper_path()) | preload_env(socket_fd=srv.client_sock.fileno())
+            p = subprocess.run(
+                [shell, "-c", script], env=env, cwd=self.workdir, pass_fds=srv.pass_fds,
+                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+            )
+        return Result(p.returncode, p.stdout, p.stderr)
+
+
+def write_script(path: Path, text: str, mode: int = 0o755) -> Path:
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+@pytest.fixture
+def gate(short_tmp: Path) -> Gate:
+    """A gate with marker programs on PATH: ``eg-allowed-marker ARGS`` prints
+    ``allowed-marker-ran ARGS``; ``eg-denied-marker`` is denied by the policy."""
+    bindir, workdir, socket_dir = short_tmp / "bin", short_tmp / "work", short_tmp / "s"
+    for d in (bindir, workdir, socket_dir):
+        d.mkdir()
+    write_script(bindir / ALLOWED, f'#!/bin/sh\necho {ALLOWED_OUTPUT} "$@"\n')
+    write_script(bindir / DENIED, f"#!/bin/sh\necho {DENIED_OUTPUT}\n")
+    return Gate(MarkerPolicy(), bindir, workdir, socket_dir)
