@@ -14,7 +14,7 @@ import posixpath
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -31,6 +31,7 @@ except ImportError:  # server core not merged yet
 from execgate.server.policy import Decision, Execution, PreparedExec
 
 DENIED = "eg-denied-marker"
+ESCALATED = "eg-escalated-marker"
 ALLOWED = "eg-allowed-marker"
 ALLOWED_OUTPUT = "allowed-marker-ran"
 DENIED_OUTPUT = "DENIED-MARKER-RAN"
@@ -38,7 +39,8 @@ DENY_REASON = "marker denied"
 
 
 class MarkerPolicy:
-    """Denies programs whose basename is ``eg-denied-marker``; runs everything else.
+    """Denies programs whose basename is ``eg-denied-marker``, escalates ``eg-escalated-marker``
+    (run by the server, unsandboxed), runs everything else.
 
     Attributes:
         calls: ``(program, argv)`` of every ``determine_action``, in order.
@@ -54,6 +56,8 @@ class MarkerPolicy:
         self.calls.append((program, list(argv)))
         if posixpath.basename(program) == DENIED:
             return Decision.deny(DENY_REASON)
+        if posixpath.basename(program) == ESCALATED:
+            return Decision.escalate()
         return Decision.run()
 
     async def prepare_escalated_exec(
@@ -80,15 +84,18 @@ class Gate:
     bindir: Path
     workdir: Path
     socket_dir: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def base_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("EXECGATE_", "LD_", "CODEX_"))}
         env.pop("EXEC_WRAPPER", None)
         env["PATH"] = f"{self.bindir}:{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
-        return env
+        return env | self.extra_env
 
-    def run(self, shell: str, script: str, timeout: float = 60) -> Result:
+    def run(self, shell: str, script: str, timeout: float = 60, env: Mapping[str, str] | None = None) -> Result:
+        """Run ``SHELL -c SCRIPT`` in the work dir; ``env`` adds to the shell's base environment."""
         shell_path = shutil.which(shell) or shell
+        self.extra_env = dict(env or {})
         if EscalateServer is not None:
             return self._run_real(shell_path, script, timeout)
         return self._run_reference(shell_path, script, timeout)
@@ -113,7 +120,9 @@ class Gate:
         def decide(req: dict[str, Any]) -> dict[str, Any]:
             program = posixpath.normpath(posixpath.join(req["workdir"], req["file"]))
             d = self.policy.decide(program, req["argv"])
-            return {"action": {"Deny": {"reason": d.reason}}} if d.action == "deny" else {"action": "Run"}
+            if d.action == "deny":
+                return {"action": {"Deny": {"reason": d.reason}}}
+            return {"action": "Escalate" if d.action == "escalate" else "Run"}
 
         with MiniServer(decide, self.socket_dir) as srv:
             env = self.base_env() | srv.env(native_wrapper_path()) | preload_env(socket_fd=srv.client_sock.fileno())
@@ -139,4 +148,5 @@ def gate(short_tmp: Path) -> Gate:
         d.mkdir()
     write_script(bindir / ALLOWED, f'#!/bin/sh\necho {ALLOWED_OUTPUT} "$@"\n')
     write_script(bindir / DENIED, f"#!/bin/sh\necho {DENIED_OUTPUT}\n")
+    write_script(bindir / ESCALATED, '#!/bin/sh\necho escalated-marker-ran "$@"; exit 7\n')
     return Gate(MarkerPolicy(), bindir, workdir, socket_dir)
