@@ -193,3 +193,12 @@ def test_escalated_marker_runs_through_the_server(gate: Gate) -> None:
     res = gate.run("bash", f'{ESCALATED} a b; echo "escalated-status=$?"')
     assert "escalated-marker-ran a b" in res.stdout
     assert "escalated-status=7" in res.stdout
+
+
+def test_system_shell_is_not_seen_but_its_execs_are(gate: Gate) -> None:
+    # Documented limit: glibc's system() spawns /bin/sh through libc-internal calls.
+    script = f"{PY} -c 'import os; os.system(\"{DENIED}; echo denied-status=$?; {ALLOWED} x\")'"
+    res = gate.run("sh", script)
+    assert "denied-status=1" in res.stdout and f"{ALLOWED_OUTPUT} x" in res.stdout
+    assert f"Execution denied: {DENY_REASON}" in res.stderr
+    assert not [argv for _, argv in gate.policy.calls if argv[:2] == ["sh", "-c"]]
