@@ -56,6 +56,9 @@ typedef int (*eg_spawn_fn)(pid_t *, const char *, const posix_spawn_file_actions
                            const posix_spawnattr_t *, char *const[], char *const[]);
 
 #define EG_SAVED_MAX 16
+/* eg_try's result when the exec was refused outright (no wrapper, depth limit): a PATH search
+ * stops there instead of trying (and reporting) every further candidate. */
+#define EG_STOP (-2)
 
 static int eg_ready;                   /* eg_init() has run */
 static int eg_passthrough;             /* this process is the wrapper: do not gate again */
@@ -359,7 +362,7 @@ static int eg_exec_wrapper(const char *file, char *const argv[], char *const env
     if (eg_depth >= eg_max_depth) {
         eg_complain("exec depth limit reached, refusing to exec ", file, ELOOP);
         errno = EACCES;
-        return -1;
+        return EG_STOP;
     }
     nargv[n++] = eg_wrapper;
     if (script) {
@@ -378,7 +381,7 @@ static int eg_exec_wrapper(const char *file, char *const argv[], char *const env
     eg_raw_execve(eg_wrapper, nargv, nenv);
     eg_complain("cannot execute the exec wrapper ", eg_wrapper, errno);
     errno = EACCES;
-    return -1;
+    return EG_STOP;
 }
 
 /* Exec the wrapper itself (a Codex-patched shell honouring EXEC_WRAPPER): not wrapped twice. */
@@ -391,7 +394,8 @@ static int eg_exec_wrapper_direct(const char *path, char *const argv[], char *co
     return eg_raw_execve(path, argv, nenv);
 }
 
-/* Gate one exec attempt of PATH; returns only on failure, with errno as execve would set it. */
+/* Gate one exec attempt of PATH; returns only on failure, with errno as execve would set it:
+ * -1, or EG_STOP when execgate itself refused the exec. */
 static int eg_try(const char *path, char *const argv[], char *const envp[], int exec_script)
 {
     int script, err;
@@ -412,7 +416,7 @@ static int eg_try(const char *path, char *const argv[], char *const envp[], int 
     if (eg_wrapper[0] == '\0') {
         eg_complain("EXEC_WRAPPER is not set; refusing to exec ", path, EACCES);
         errno = EACCES;
-        return -1;
+        return EG_STOP;
     }
     if (eg_is_wrapper(path))
         return eg_exec_wrapper_direct(path, argv, envp);
@@ -438,7 +442,7 @@ static int eg_execvpe_common(const char *file, char *const argv[], char *const e
         return -1;
     }
     if (strchr(file, '/') != NULL)
-        return eg_try(file, argv, envp, exec_script);
+        return eg_try(file, argv, envp, exec_script) < 0 ? -1 : 0;
     path = getenv("PATH");
     if (path == NULL)
         path = EG_DEFAULT_PATH;
@@ -459,7 +463,8 @@ static int eg_execvpe_common(const char *file, char *const argv[], char *const e
         memcpy(buffer, p, (size_t)(subp - p));
         buffer[subp - p] = '/';
         memcpy(buffer + (subp - p) + (p < subp), file, file_len);
-        eg_try(buffer, argv, envp, exec_script);
+        if (eg_try(buffer, argv, envp, exec_script) == EG_STOP)
+            return -1;
         switch (errno) {
         case EACCES:
             got_eacces = 1;
@@ -607,14 +612,14 @@ __attribute__((visibility("default"))) int execve(const char *path, char *const 
                                                 char *const envp[])
 {
     eg_init();
-    return eg_try(path, argv, envp, 0);
+    return eg_try(path, argv, envp, 0) < 0 ? -1 : 0;
 }
 
 /* int execv(const char *path, char *const argv[]); */
 __attribute__((visibility("default"))) int execv(const char *path, char *const argv[])
 {
     eg_init();
-    return eg_try(path, argv, environ, 0);
+    return eg_try(path, argv, environ, 0) < 0 ? -1 : 0;
 }
 
 /* int execvp(const char *file, char *const argv[]); */
@@ -658,7 +663,7 @@ __attribute__((visibility("default"))) int execl(const char *path, const char *a
     va_end(ap);
     argv[argc] = NULL;
     eg_init();
-    return eg_try(path, argv, environ, 0);
+    return eg_try(path, argv, environ, 0) < 0 ? -1 : 0;
 }
 
 /* int execlp(const char *file, const char *arg0, ... (char *)0); */
@@ -694,7 +699,7 @@ __attribute__((visibility("default"))) int execle(const char *path, const char *
     va_end(ap);
     argv[argc] = NULL;
     eg_init();
-    return eg_try(path, argv, envp, 0);
+    return eg_try(path, argv, envp, 0) < 0 ? -1 : 0;
 }
 
 /*
@@ -740,7 +745,7 @@ __attribute__((visibility("default"))) int fexecve(int fd, char *const argv[],
         errno = EACCES;
         return -1;
     }
-    return eg_try(path, argv, envp, 0);
+    return eg_try(path, argv, envp, 0) < 0 ? -1 : 0;
 }
 
 /* int execveat(int dirfd, const char *pathname, char *const argv[], char *const envp[],
@@ -781,5 +786,5 @@ __attribute__((visibility("default"))) int execveat(int dirfd, const char *pathn
         errno = ELOOP;
         return -1;
     }
-    return eg_try(path, argv, envp, 0);
+    return eg_try(path, argv, envp, 0) < 0 ? -1 : 0;
 }
