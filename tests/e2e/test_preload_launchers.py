@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ALLOWED, ALLOWED_OUTPUT, DENIED, DENIED_OUTPUT, DENY_REASON, Gate, write_script
+from preload_support import ALLOWED, ALLOWED_OUTPUT, DENIED, DENIED_OUTPUT, DENY_REASON, Gate, write_script, gate  # noqa: F401 (gate is a fixture)
 
 pytestmark = pytest.mark.e2e
 

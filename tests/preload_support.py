@@ -1,5 +1,8 @@
-"""End-to-end fixtures: real shells under the preload shim, a real escalation server, an in-process
-policy that denies one marker program and runs everything else.
+"""End-to-end support for tests/e2e: real shells under the preload shim, a real escalation server,
+an in-process policy that denies one marker program and runs everything else.
+
+Test modules import the ``gate`` fixture from here (no conftest.py below tests/: pytest would shadow
+the root ``conftest`` module that other tests import from).
 
 The server is ``execgate.server.escalate_server.EscalateServer`` (run on a uvloop event loop, as in
 production); while that module is absent (a branch without the server core) the tests fall back to
