@@ -9,7 +9,10 @@ import sys
 
 import pytest
 
-from preload_support import ALLOWED, ALLOWED_OUTPUT, DENIED, DENIED_OUTPUT, DENY_REASON, Gate, write_script, gate  # noqa: F401 (gate is a fixture)
+from preload_support import gate  # noqa: F401 (a fixture)
+from preload_support import (
+    ALLOWED, ALLOWED_OUTPUT, DENIED, DENIED_OUTPUT, DENY_REASON, Gate, write_script,
+)
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from preload_support import ALLOWED, ALLOWED_OUTPUT, DENIED, DENIED_OUTPUT, DENY_REASON, ESCALATED, Gate, write_script, gate  # noqa: F401 (gate is a fixture)
+from preload_support import gate  # noqa: F401 (a fixture)
+from preload_support import (
+    ALLOWED, ALLOWED_OUTPUT, DENIED, DENIED_OUTPUT, DENY_REASON, ESCALATED, Gate, write_script,
+)
 from execgate.wrapper.artifacts import native_wrapper_path
 
 pytestmark = pytest.mark.e2e
