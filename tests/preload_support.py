@@ -19,7 +19,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import pytest
 
@@ -88,6 +88,10 @@ class Gate:
     workdir: Path
     socket_dir: Path
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: Optional sandbox hook: ``(shell_argv, workdir, socket_dir) -> argv actually spawned``.
+    launcher: Callable[[list[str], str, str], list[str]] | None = None
+    #: ``EXEC_WRAPPER``; default the native wrapper.
+    wrapper: str | None = None
 
     def base_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("EXECGATE_", "LD_", "CODEX_"))}
@@ -108,9 +112,15 @@ class Gate:
 
         from execgate.wrapper.interception import preload_extra_env
 
+        hook = self.launcher
+
+        def launcher(argv: list[str], *, session: Any, workdir: str) -> list[str]:
+            assert hook is not None
+            return hook(argv, workdir, os.path.dirname(session.socket_path))
+
         server = EscalateServer(
-            shell, str(native_wrapper_path()), self.policy,
-            extra_env=preload_extra_env(), socket_dir=str(self.socket_dir),
+            shell, self.wrapper or str(native_wrapper_path()), self.policy,
+            launcher=launcher if hook else None, extra_env=preload_extra_env(), socket_dir=str(self.socket_dir),
         )
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             res = runner.run(server.exec(script, str(self.workdir), timeout_s=timeout, env=self.base_env()))
@@ -128,9 +138,13 @@ class Gate:
             return {"action": "Escalate" if d.action == "escalate" else "Run"}
 
         with MiniServer(decide, self.socket_dir) as srv:
-            env = self.base_env() | srv.env(native_wrapper_path()) | preload_env(socket_fd=srv.client_sock.fileno())
+            wrapper = self.wrapper or str(native_wrapper_path())
+            env = self.base_env() | srv.env(wrapper) | preload_env(wrapper, socket_fd=srv.client_sock.fileno())
+            argv = [shell, "-c", script]
+            if self.launcher:
+                argv = self.launcher(argv, str(self.workdir), str(self.socket_dir))
             p = subprocess.run(
-                [shell, "-c", script], env=env, cwd=self.workdir, pass_fds=srv.pass_fds,
+                argv, env=env, cwd=self.workdir, pass_fds=srv.pass_fds,
                 stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
             )
         return Result(p.returncode, p.stdout, p.stderr)

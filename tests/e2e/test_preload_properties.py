@@ -205,3 +205,26 @@ def test_system_shell_is_not_seen_but_its_execs_are(gate: Gate) -> None:
     assert "denied-status=1" in res.stdout and f"{ALLOWED_OUTPUT} x" in res.stdout
     assert f"Execution denied: {DENY_REASON}" in res.stderr
     assert not [argv for _, argv in gate.policy.calls if argv[:2] == ["sh", "-c"]]
+
+
+def test_gated_inside_bubblewrap(gate: Gate) -> None:
+    from execgate.server.policy import Permissions
+    from execgate.server.sandbox import bwrap_argv, bwrap_usable
+
+    if (why := bwrap_usable()) is not None:
+        pytest.skip(why)
+    perms = Permissions(writable_roots=(str(gate.workdir),), readable_roots=(str(gate.bindir),))
+
+    def launcher(argv: list[str], workdir: str, socket_dir: str) -> list[str]:
+        return bwrap_argv(perms, cwd=workdir, extra_binds=(socket_dir,)) + argv
+
+    gate.launcher = launcher
+    py = os.path.realpath(sys.executable)  # a venv under /tmp is hidden by the private /tmp
+    res = gate.run(
+        "bash",
+        f'{DENIED}; echo "denied-status=$?"; {ALLOWED} x; {py} -c "import subprocess; subprocess.run([\'{ALLOWED}\', \'y\'])"',
+    )
+    assert "denied-status=1" in res.stdout and f"{ALLOWED_OUTPUT} x" in res.stdout, res.stderr
+    assert f"{ALLOWED_OUTPUT} y" in res.stdout  # close_fds child: the fallback socket is bound in
+    assert f"Execution denied: {DENY_REASON}" in res.stderr
+    assert str(gate.bindir / ALLOWED) in gate.policy.programs()
