@@ -228,3 +228,26 @@ def test_gated_inside_bubblewrap(gate: Gate) -> None:
     assert f"{ALLOWED_OUTPUT} y" in res.stdout  # close_fds child: the fallback socket is bound in
     assert f"Execution denied: {DENY_REASON}" in res.stderr
     assert str(gate.bindir / ALLOWED) in gate.policy.programs()
+
+
+def test_posix_spawn_file_actions_closing_the_socket(gate: Gate) -> None:
+    # The spawned wrapper gets the caller's file actions and attributes: here the inherited socket
+    # is closed and the child starts a new session; the wrapper then uses the fallback path.
+    script = (
+        f"{PY} -c 'import os, shutil\n"
+        "fd = int(os.environ[\"CODEX_ESCALATE_SOCKET\"])\n"
+        f"pid = os.posix_spawn(shutil.which(\"{ALLOWED}\"), [\"m\", \"x\"], os.environ,"
+        " file_actions=[(os.POSIX_SPAWN_CLOSE, fd)], setsid=True)\n"
+        "print(\"spawn-status=%d\" % os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))'"
+    )
+    res = gate.run("sh", script)
+    assert f"{ALLOWED_OUTPUT} x" in res.stdout and "spawn-status=0" in res.stdout, res.stderr
+
+
+def test_each_wrapper_under_preload_decides_once(gate: Gate, wrapper_path: str) -> None:
+    # The wrapper's own final exec is not intercepted again, whichever wrapper it is.
+    gate.wrapper = wrapper_path
+    res = gate.run("bash", f'{DENIED}; echo "denied-status=$?"; {ALLOWED} x')
+    assert "denied-status=1" in res.stdout and f"{ALLOWED_OUTPUT} x" in res.stdout, res.stderr
+    assert gate.policy.programs().count(str(gate.bindir / ALLOWED)) == 1
+    assert len(gate.policy.calls) == 2
