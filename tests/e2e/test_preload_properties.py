@@ -18,7 +18,7 @@ from preload_support import gate  # noqa: F401 (a fixture)
 from preload_support import (
     ALLOWED, ALLOWED_OUTPUT, DENIED, DENIED_OUTPUT, DENY_REASON, ESCALATED, Gate, write_script,
 )
-from execgate.wrapper.artifacts import native_wrapper_path
+from execgate.wrapper.artifacts import native_wrapper_path, preload_library_path
 
 pytestmark = pytest.mark.e2e
 
@@ -213,7 +213,9 @@ def test_gated_inside_bubblewrap(gate: Gate) -> None:
 
     if (why := bwrap_usable()) is not None:
         pytest.skip(why)
-    perms = Permissions(writable_roots=(str(gate.workdir),), readable_roots=(str(gate.bindir),))
+    # The shim and the wrapper must stay visible inside (they may live under the private /tmp).
+    shown = (str(gate.bindir), str(native_wrapper_path().parent), str(preload_library_path().parent))
+    perms = Permissions(writable_roots=(str(gate.workdir),), readable_roots=shown)
 
     def launcher(argv: list[str], workdir: str, socket_dir: str) -> list[str]:
         return bwrap_argv(perms, cwd=workdir, extra_binds=(socket_dir,)) + argv
@@ -251,3 +253,9 @@ def test_each_wrapper_under_preload_decides_once(gate: Gate, wrapper_path: str) 
     assert "denied-status=1" in res.stdout and f"{ALLOWED_OUTPUT} x" in res.stdout, res.stderr
     assert gate.policy.programs().count(str(gate.bindir / ALLOWED)) == 1
     assert len(gate.policy.calls) == 2
+
+
+def test_non_utf8_arguments_reach_the_policy_and_the_program(gate: Gate) -> None:
+    res = gate.run("bash", f"{ALLOWED} $'caf\\xe9' | od -An -c")
+    assert "c   a   f 351" in res.stdout, (res.stdout, res.stderr)
+    assert [ALLOWED, "caf\udce9"] in [argv for _, argv in gate.policy.calls]
