@@ -1,12 +1,11 @@
 """End-to-end support for tests/e2e: real shells under the preload shim, a real escalation server,
 an in-process policy that denies one marker program and runs everything else.
 
-Test modules import the ``gate`` fixture from here (no conftest.py below tests/: pytest would shadow
-the root ``conftest`` module that other tests import from).
+Loaded as a pytest plugin by tests/conftest.py, which provides the ``gate`` fixture (no conftest.py
+below tests/: pytest would shadow the root ``conftest`` module that other tests import from).
 
-The server is ``execgate.server.escalate_server.EscalateServer`` (run on a uvloop event loop, as in
-production); while that module is absent (a branch without the server core) the tests fall back to
-the threaded reference server in ``tests/native_support.py``, which speaks the same protocol.
+The server is the real ``execgate.server.escalate_server.EscalateServer``, run on a uvloop event
+loop as in production, with the shim's variables added per session by ``preload_extra_env``.
 """
 
 from __future__ import annotations
@@ -15,22 +14,18 @@ import asyncio
 import os
 import posixpath
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import pytest
+import uvloop
 
 from execgate.wrapper.artifacts import native_wrapper_path
-from execgate.wrapper.interception import preload_env
+from execgate.wrapper.interception import preload_extra_env
 
-try:
-    from execgate.server.escalate_server import EscalateServer
-except ImportError:  # server core not merged yet
-    EscalateServer = None  # type: ignore[assignment,misc]
-
+from execgate.server.escalate_server import EscalateServer
 from execgate.server.policy import Decision, Execution, PreparedExec
 
 DENIED = "eg-denied-marker"
@@ -102,16 +97,10 @@ class Gate:
     def run(self, shell: str, script: str, timeout: float = 60, env: Mapping[str, str] | None = None) -> Result:
         """Run ``SHELL -c SCRIPT`` in the work dir; ``env`` adds to the shell's base environment."""
         shell_path = shutil.which(shell) or shell
-        self.extra_env = dict(env or {})
-        if EscalateServer is not None:
-            return self._run_real(shell_path, script, timeout)
-        return self._run_reference(shell_path, script, timeout)
+        self.extra_env = {**self.extra_env, **(env or {})}
+        return self._run(shell_path, script, timeout)
 
-    def _run_real(self, shell: str, script: str, timeout: float) -> Result:
-        import uvloop
-
-        from execgate.wrapper.interception import preload_extra_env
-
+    def _run(self, shell: str, script: str, timeout: float) -> Result:
         hook = self.launcher
 
         def launcher(argv: list[str], *, session: Any, workdir: str) -> list[str]:
@@ -126,28 +115,6 @@ class Gate:
             res = runner.run(server.exec(script, str(self.workdir), timeout_s=timeout, env=self.base_env()))
         assert not res.timed_out, f"timed out: {res.output}"
         return Result(res.exit_code, res.stdout, res.stderr)
-
-    def _run_reference(self, shell: str, script: str, timeout: float) -> Result:
-        from native_support import MiniServer
-
-        def decide(req: dict[str, Any]) -> dict[str, Any]:
-            program = posixpath.normpath(posixpath.join(req["workdir"], req["file"]))
-            d = self.policy.decide(program, req["argv"])
-            if d.action == "deny":
-                return {"action": {"Deny": {"reason": d.reason}}}
-            return {"action": "Escalate" if d.action == "escalate" else "Run"}
-
-        with MiniServer(decide, self.socket_dir) as srv:
-            wrapper = self.wrapper or str(native_wrapper_path())
-            env = self.base_env() | srv.env(wrapper) | preload_env(wrapper, socket_fd=srv.client_sock.fileno())
-            argv = [shell, "-c", script]
-            if self.launcher:
-                argv = self.launcher(argv, str(self.workdir), str(self.socket_dir))
-            p = subprocess.run(
-                argv, env=env, cwd=self.workdir, pass_fds=srv.pass_fds,
-                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
-            )
-        return Result(p.returncode, p.stdout, p.stderr)
 
 
 def write_script(path: Path, text: str, mode: int = 0o755) -> Path:

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-from preload_support import gate  # noqa: F401 (a fixture)
 from preload_support import (
     ALLOWED, ALLOWED_OUTPUT, DENIED, DENIED_OUTPUT, DENY_REASON, Gate, write_script,
 )

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from preload_support import gate  # noqa: F401 (a fixture)
 from preload_support import (
     ALLOWED, ALLOWED_OUTPUT, DENIED, DENIED_OUTPUT, DENY_REASON, ESCALATED, Gate, write_script,
 )
