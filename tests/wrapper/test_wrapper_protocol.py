@@ -126,12 +126,23 @@ def test_signals_are_forwarded_when_the_server_offers_it(peer: RawPeer, wrapper_
         raw_frame(b'{"action":"Launch"}'),
         raw_frame(b"[]"),
         raw_frame(b'{"action":{"Deny":{"reason":5}}}'),
+        raw_frame(b'{"action":"Run"} x'),
+        raw_frame(b'{"action":"Run'),
+        raw_frame(b'{"action":"R\\qun"}'),
+        raw_frame(b'{"a":' + b"[" * 100_000 + b'], "action":"Run"}'),
         struct.pack("<I", (1 << 20) + 1),
         b"",
     ],
-    ids=["not-json", "unknown-action", "not-object", "bad-reason", "oversized", "eof"],
+    ids=[
+        "not-json", "unknown-action", "not-object", "bad-reason", "trailing-garbage", "unterminated",
+        "bad-escape", "deep-nesting", "oversized", "eof",
+    ],
 )
-def test_broken_answers_fail_closed(peer: RawPeer, wrapper_path: str, answer: bytes) -> None:
+def test_broken_answers_fail_closed(peer: RawPeer, wrapper_path: str, wrapper_kind: str, answer: bytes) -> None:
+    if wrapper_kind == "python" and len(answer) > 100_000:
+        # Reported to core: protocol.decode_json lets json's RecursionError escape (a traceback,
+        # status 1: still closed, but not the one-line failure).
+        pytest.xfail("execgate.server.protocol.decode_json does not catch RecursionError")
     proc = peer.spawn(wrapper_path, ["/bin/echo", "echo", "must-not-run"], peer.overlay(wrapper_path))
     with peer.accept_handshake() as stream:
         read_raw_frame(stream)

@@ -75,7 +75,7 @@ struct buf {
 static void buf_put(struct buf *b, const void *s, size_t n)
 {
     if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
+        size_t cap = b->cap ? b->cap : 64;
         while (cap < b->len + n + 1)
             cap *= 2;
         b->p = realloc(b->p, cap);
