@@ -1,5 +1,6 @@
-"""The Python reference wrapper as a real subprocess against a real session (Run/Escalate/Deny,
-exit statuses, signals, fallback socket path, failure modes)."""
+"""Both execve wrappers (the Python reference client and the native one: the ``wrapper_path``
+fixture) as real subprocesses against a real session (Run/Escalate/Deny, exit statuses, signals,
+fallback socket path, failure modes)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 
 import pytest
 
-from core_support import ESCALATE, TablePolicy, group_commands, pid_alive, read_pid_file, wait_until, wrapper_script
+from core_support import ESCALATE, TablePolicy, group_commands, pid_alive, read_pid_file, wait_until
 from execgate.server import protocol as p
 from execgate.server.escalate_server import EscalateServer
 from execgate.server.policy import Decision
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.anyio
 async def _start_wrapper(session, args, *, env_overlay=None, stdin=None, cwd=None):
     env = {**os.environ, **(session.env_overlay if env_overlay is None else env_overlay)}
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "execgate.wrapper", *args,
+        session.env_overlay[p.EXEC_WRAPPER_ENV_VAR], *args,
         env=env, stdin=stdin if stdin is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         pass_fds=(session.client_fd,) if session.client_fd >= 0 else (), cwd=cwd,
@@ -37,9 +38,9 @@ async def _run_wrapper(session, args, *, input=None, **kw):
 
 
 @pytest.fixture
-def server_for(short_tmp):
+def server_for(short_tmp, wrapper_path):
     def make(policy):
-        return EscalateServer("/bin/sh", wrapper_script(short_tmp), policy, socket_dir=str(short_tmp))
+        return EscalateServer("/bin/sh", wrapper_path, policy, socket_dir=str(short_tmp))
 
     return make
 
