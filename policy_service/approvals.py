@@ -83,7 +83,7 @@ class _Pending:
     future: asyncio.Future[ApprovalOutcome]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Subscriber:
     queue: asyncio.Queue[ApprovalRequest] = field(default_factory=asyncio.Queue)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Awaitable, Callable, Mapping, Protocol, Sequence
+from typing import Awaitable, Callable, Mapping, NamedTuple, Protocol, Sequence
 
 from execgate.policy_service.approvals import ApprovalBroker
 from execgate.policy_service.audit import AuditLog, AuditRecord
@@ -28,6 +28,13 @@ PromptHook = Callable[[float], Awaitable[None]]
 
 #: A prompt that times out is answered this long (seconds) before the caller's own deadline.
 _ANSWER_MARGIN_S = 0.25
+
+
+class Decided(NamedTuple):
+    """A decision and who approved it ("" when no approver was asked)."""
+
+    decision: Decision
+    approver: str
 
 
 class _Evaluation(Protocol):
@@ -82,7 +89,7 @@ class DecisionService:
         *,
         budget_s: float | None = None,
         on_prompt: PromptHook | None = None,
-    ) -> Decision:
+    ) -> Decided:
         """Decide one exec (``program`` absolute, ``argv`` non-empty) and audit it.
 
         Args:
@@ -90,7 +97,8 @@ class DecisionService:
             on_prompt: awaited before waiting for an approver, with the wait in seconds.
 
         Returns:
-            A Decision carrying a fresh ``decision_id``; ``reason`` is set for every action.
+            The Decision (with a fresh ``decision_id`` and a ``reason`` for every action) and the
+            approver who resolved a prompt ("" if none; for a grant, who granted it).
         """
         started = time.monotonic()
         evaluation = self.rules.current.evaluate(program, argv)
@@ -122,7 +130,7 @@ class DecisionService:
         else:
             decision = Decision.deny(reason or "denied by policy", **common)
         self._audit(session, program, argv, workdir, decision, approver, started)
-        return decision
+        return Decided(decision, approver)
 
     def _audit(
         self,

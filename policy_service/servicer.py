@@ -68,12 +68,14 @@ class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
             await context.send_initial_metadata(((PROMPT_METADATA_KEY, f"{wait_s:.3f}"),))
 
         try:
-            decision = await self.decisions.decide(
+            decision, approver = await self.decisions.decide(
                 session, program, argv, workdir, budget_s=context.time_remaining(), on_prompt=on_prompt
             )
         except Exception as exc:  # a rules-engine bug must reach the client as INTERNAL, not UNKNOWN
             await _internal(context, "DetermineAction", exc)
-        return pb.DetermineActionResponse(decision=codec.decision_to_pb(decision))
+        message = codec.decision_to_pb(decision)
+        message.approver = approver
+        return pb.DetermineActionResponse(decision=message)
 
     async def PrepareEscalatedExec(  # noqa: N802
         self, request: pb.PrepareEscalatedExecRequest, context: grpc.aio.ServicerContext
