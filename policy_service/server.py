@@ -113,11 +113,12 @@ async def running_service(
     approval_timeout_s: float = 60.0,
     approver_wait_s: float = 0.0,
     grace_s: float = 1.0,
+    rules_poll_s: float = 1.0,
 ) -> AsyncIterator[PolicyServer]:
     """Run a policy service on ``address`` for the duration of the ``async with``.
 
-    If ``rules`` has a ``watch()`` coroutine (a RulesStore), it runs meanwhile so that edited
-    rules files are reloaded.
+    If ``rules`` has a ``watch(interval_s)`` coroutine (a RulesStore), it runs meanwhile, checking
+    every ``rules_poll_s`` seconds, so that edited rules files are reloaded.
 
     Yields:
         The started server; ``server.addresses[0]`` is the bound address.
@@ -133,7 +134,7 @@ async def running_service(
         server.add_port(address, tls=tls)
         await server.start()
         if callable(getattr(rules, "watch", None)):
-            watcher = asyncio.create_task(rules.watch(), name="execgate-rules-watch")  # type: ignore[attr-defined]
+            watcher = asyncio.create_task(rules.watch(rules_poll_s), name="execgate-rules-watch")  # type: ignore[attr-defined]
         yield server
     finally:
         if watcher is not None:

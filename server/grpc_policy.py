@@ -23,7 +23,7 @@ import asyncio
 import json
 import logging
 from collections import Counter
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import grpc
 
@@ -73,6 +73,13 @@ class PolicyError(Exception):
 
 class _NoAnswer(Exception):
     """The service sent neither an answer nor a prompt notice within ``timeout_s``."""
+
+
+def _expect(response: object, kind: type) -> Any:
+    """``response`` if it is a ``kind`` message; grpc.aio gives None for undecodable bytes."""
+    if not isinstance(response, kind):
+        raise codec.CodecError(f"undecodable response (expected {kind.__name__})")
+    return response
 
 
 class GrpcPolicy:
@@ -139,7 +146,7 @@ class GrpcPolicy:
             session=codec.session_to_pb(session), target=codec.target_to_pb(program, argv, workdir)
         )
         try:
-            response = await self._determine(request)
+            response = _expect(await self._determine(request), pb.DetermineActionResponse)
             decision = codec.decision_from_pb(response.decision)
         except (grpc.aio.AioRpcError, codec.CodecError, _NoAnswer) as exc:
             cause = self._describe(exc)
@@ -190,8 +197,11 @@ class GrpcPolicy:
             execution=codec.execution_to_pb(execution),
         )
         try:
-            response = await self._get_stub().PrepareEscalatedExec(
-                request, timeout=self.timeout_s, metadata=self._metadata, wait_for_ready=False
+            response = _expect(
+                await self._get_stub().PrepareEscalatedExec(
+                    request, timeout=self.timeout_s, metadata=self._metadata, wait_for_ready=False
+                ),
+                pb.PrepareEscalatedExecResponse,
             )
             if not response.HasField("prepared"):
                 raise codec.CodecError("PreparedExec missing from the answer")
@@ -204,16 +214,20 @@ class GrpcPolicy:
 
     def _describe(self, exc: Exception) -> str:
         """One line naming the cause of a failed call."""
-        if isinstance(exc, _NoAnswer):
-            return f"policy service at {self.address} is not answering ({exc})"
+        if isinstance(exc, _NoAnswer) or (
+            isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        ):
+            # Still retrying a transport failure when the deadline came? Then say that, not "slow".
+            state = self._channel.get_state() if self._channel is not None else None
+            if state is not None and state != grpc.ChannelConnectivity.READY:
+                return f"policy service at {self.address} is unavailable (connection {state.name.lower()}, no answer before the deadline)"
+            return f"policy service at {self.address} is not answering (no answer before the deadline)"
         if isinstance(exc, codec.CodecError):
             return f"policy service at {self.address} answered garbage: {exc}"
         assert isinstance(exc, grpc.aio.AioRpcError)
         code, details = exc.code(), exc.details() or ""
         if code == grpc.StatusCode.UNAVAILABLE:
             return f"policy service at {self.address} is unavailable: {details}"
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return f"policy service at {self.address} did not answer before the deadline"
         if code == grpc.StatusCode.UNKNOWN:
             return f"policy service at {self.address} raised an error: {details}"
         if code == grpc.StatusCode.INTERNAL and "deserializ" in details.lower():
