@@ -41,12 +41,19 @@ class LineReader:
     def __init__(self, stream: TextIO) -> None:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self._eof = asyncio.Event()
         threading.Thread(target=self._pump, args=(stream,), daemon=True, name="execgate-approve-stdin").start()
 
     def _pump(self, stream: TextIO) -> None:
         for line in stream:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, line.rstrip("\n"))
         self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
+        self._loop.call_soon_threadsafe(self._eof.set)
+
+    @property
+    def exhausted(self) -> bool:
+        """True when input has ended and every line before the end has been read."""
+        return self._eof.is_set() and self._queue.qsize() <= 1
 
     async def readline(self) -> str | None:
         """The next line without its newline, or None at end of input."""
@@ -98,23 +105,48 @@ async def run_approver(
 ) -> int:
     """Answer pending requests from ``stdin`` until end of input or the stream ends.
 
+    End of input while idle stops the approver at once; lines read before it are still used
+    for the requests they answer.
+
     Returns:
         0 at end of input or when the service closes the stream; 1 if the stream failed.
     """
-    stub = approvals_pb2_grpc.ApprovalsStub(channel)
     reader = LineReader(stdin)
+    busy = asyncio.Event()  # set while a request is being answered
+    serving = asyncio.ensure_future(_serve(channel, reader, busy, name=name, metadata=metadata, out=out))
+    try:
+        while not serving.done():
+            await asyncio.wait({serving}, timeout=0.05)
+            if reader.exhausted and not busy.is_set():
+                return 0
+        return serving.result()
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+
+
+async def _serve(
+    channel: grpc.aio.Channel,
+    reader: LineReader,
+    busy: asyncio.Event,
+    *,
+    name: str,
+    metadata: tuple[tuple[str, str], ...],
+    out: TextIO,
+) -> int:
+    stub = approvals_pb2_grpc.ApprovalsStub(channel)
     stream = stub.WatchPending(apb.WatchPendingRequest(approver=name), metadata=metadata)
     out.write(f"execgate approve: watching for pending requests as {name!r}\n")
     out.flush()
     try:
         async for pending in stream:
+            busy.set()
             out.write(describe(pending) + "\n")
             answer = await _answer(reader, out)
             if answer is None:
                 return 0
-            verdict, reason = answer
             request = apb.ResolveApprovalRequest(
-                request_id=pending.request_id, verdict=verdict, reason=reason, approver=name
+                request_id=pending.request_id, verdict=answer[0], reason=answer[1], approver=name
             )
             try:
                 await stub.ResolveApproval(request, timeout=10, metadata=metadata)
@@ -122,6 +154,7 @@ async def run_approver(
             except grpc.aio.AioRpcError as exc:
                 out.write(f"   not sent: {exc.details()}\n")
             out.flush()
+            busy.clear()
     except grpc.aio.AioRpcError as exc:
         print(f"execgate approve: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
