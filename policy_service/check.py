@@ -1,0 +1,161 @@
+"""``execgate policy check``: show what the rules decide for one command, without running it.
+
+Usage::
+
+    execgate policy check [--rules FILE]… [--default D] [--trusted-dir DIR]… [--json] \\
+        -- PROGRAM [ARGS…]
+
+PROGRAM is resolved through ``PATH`` unless it contains a ``/`` (then made absolute), exactly
+as the server resolves an exec before asking the policy. Without ``--rules`` the shipped default
+rules are checked. Prints every matching rule (id, source, decision), the rules skipped because
+the program path is not trusted, and the winner. Exit status: 0 after printing a decision, 2
+when a rules file is bad (the RulesError is printed) or PROGRAM cannot be resolved.
+
+:mod:`execgate.policy_service.cli` registers this as a sub-command with :func:`add_arguments`
+and :func:`run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import sys
+from typing import Any, TextIO
+
+from execgate.server.policy import Execution
+
+from .rules_engine import DEFAULT_RULES_PATH, RuleSet
+from .rules_model import DECISIONS, Evaluation, Rule, RulesError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``policy check``'s options and the command to ``parser``."""
+    parser.add_argument("--rules", action="append", metavar="FILE", default=None,
+                        help="rules file (.toml or Codex .rules) or directory; repeatable "
+                             "(default: the shipped default rules)")
+    parser.add_argument("--default", choices=DECISIONS, default=None,
+                        help="decision for unmatched commands (can tighten a file's default)")
+    parser.add_argument("--trusted-dir", action="append", metavar="DIR", dest="trusted_dirs",
+                        default=None, help="directory whose programs basename rules trust; "
+                                           "repeatable (default: root-owned system directories)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("command", nargs="+", metavar="PROGRAM [ARGS…]",
+                        help="the command to check (put it after --)")
+
+
+def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Evaluate ``args.command`` against the rules and print the result.
+
+    Args:
+        args: parsed by a parser set up with :func:`add_arguments`.
+        out: where the result goes (default ``sys.stdout``).
+        err: where errors go (default ``sys.stderr``).
+
+    Returns:
+        0 when a decision was printed; 2 for a bad rules file or an unresolvable program.
+    """
+    out = out or sys.stdout
+    err = err or sys.stderr
+    paths = args.rules or [str(DEFAULT_RULES_PATH)]
+    try:
+        rules = RuleSet.load(paths, default=args.default, trusted_dirs=args.trusted_dirs)
+    except RulesError as exc:
+        print(f"execgate policy check: bad rules: {exc}", file=err)
+        return 2
+    argv = list(args.command)
+    program = resolve_program(argv[0])
+    if program is None:
+        print(f"execgate policy check: {argv[0]}: not found on PATH (give an absolute path)",
+              file=err)
+        return 2
+    evaluation = rules.evaluate(program, argv)
+    if args.json:
+        json.dump(evaluation_to_json(program, argv, evaluation), out, indent=2)
+        out.write("\n")
+    else:
+        out.write(format_text(program, argv, evaluation))
+    return 0
+
+
+def resolve_program(name: str) -> str | None:
+    """Absolute path of ``name``: made absolute if it has a ``/``, else searched on PATH."""
+    if "/" in name:
+        return os.path.normpath(os.path.abspath(name))
+    found = shutil.which(name)
+    return os.path.normpath(os.path.abspath(found)) if found else None
+
+
+def format_text(program: str, argv: list[str], ev: Evaluation) -> str:
+    """The human-readable report."""
+    lines = [f"program:  {program}", f"argv:     {shlex.join(argv)}"]
+    lines.append("matched:" if ev.matched else "matched:  (no rule)")
+    lines += [f"  {_rule_line(rule, rule is ev.rule)}" for rule in ev.matched]
+    if ev.skipped:
+        lines.append("skipped (program not in a trusted directory):")
+        lines += [f"  {_rule_line(rule, False)}" for rule in ev.skipped]
+    winner = f"rule {ev.rule.id}" if ev.rule else "default"
+    lines.append(f"decision: {ev.decision} ({winner})")
+    if ev.execution is not None:
+        lines.append(f"execution: {_execution_text(ev.execution)}")
+    if ev.allow_env:
+        lines.append(f"allow_env: {' '.join(ev.allow_env)}")
+    lines.append(f"reason:   {ev.reason}")
+    return "\n".join(lines) + "\n"
+
+
+def evaluation_to_json(program: str, argv: list[str], ev: Evaluation) -> dict[str, Any]:
+    """The JSON report: ``decision``, ``rule`` (id or null), ``matched``, ``skipped``, …"""
+    return {
+        "program": program,
+        "argv": argv,
+        "decision": ev.decision,
+        "rule": ev.rule.id if ev.rule else None,
+        "matched": [_rule_json(r) for r in ev.matched],
+        "skipped": [_rule_json(r) for r in ev.skipped],
+        "execution": _execution_json(ev.execution),
+        "reason": ev.reason,
+        "allow_env": list(ev.allow_env),
+    }
+
+
+def _rule_line(rule: Rule, winner: bool) -> str:
+    mark = "*" if winner else " "
+    return f"{mark} {rule.id}  {rule.decision}  {rule.pattern_text()}  ({rule.location})"
+
+
+def _rule_json(rule: Rule) -> dict[str, Any]:
+    return {
+        "id": rule.id,
+        "source": rule.source,
+        "location": rule.location,
+        "decision": rule.decision,
+        "program": rule.program,
+        "prefix": [list(t) for t in rule.pattern],
+        "justification": rule.justification,
+    }
+
+
+def _execution_json(execution: Execution | None) -> dict[str, Any] | None:
+    if execution is None:
+        return None
+    out: dict[str, Any] = {"kind": execution.kind}
+    if execution.permissions is not None:
+        p = execution.permissions
+        out["permissions"] = {"network": p.network, "writable_roots": list(p.writable_roots),
+                              "readable_roots": list(p.readable_roots)}
+    return out
+
+
+def _execution_text(execution: Execution) -> str:
+    if execution.permissions is None:
+        return execution.kind
+    p = execution.permissions
+    parts = [f"network={'on' if p.network else 'off'}"]
+    if p.writable_roots:
+        parts.append("writable=" + ",".join(p.writable_roots))
+    if p.readable_roots:
+        parts.append("readable=" + ",".join(p.readable_roots))
+    return f"permissions ({' '.join(parts)}; plus the command's working directory writable)"

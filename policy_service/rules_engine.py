@@ -1,0 +1,296 @@
+"""The rule set: merging rules files and deciding one exec (DESIGN.md §5).
+
+Evaluation of ``(program, argv)``, ``program`` absolute:
+
+1. Candidate rules are those naming ``program`` exactly, or its basename. A *permissive* rule
+   (run, escalate) named by basename applies only when ``program`` is trusted (below). A
+   *restrictive* rule (prompt, deny) named by basename applies to every path with that basename,
+   and also when the basename of ``argv[0]`` or of the resolved symlink target carries the name
+   (so a renamed symlink or ``exec -a`` cannot dodge a denial).
+2. A candidate matches when ``argv[1:]`` starts with its prefix.
+3. The strictest matching rule wins (deny > prompt > run > escalate); among equals, the first
+   loaded. No match: the configured default.
+
+Trust of an absolute ``program`` for basename rules, first that applies:
+
+- a ``host_executable`` entry exists for the basename: trusted only if listed (Codex semantics);
+- ``trusted_dirs`` is configured: trusted only if its directory is one of them (exactly);
+- otherwise: trusted only if its directory and every parent are owned by root and not writable
+  by group or others (``os.stat``), the file (when it exists) is owned by root and not writable
+  by group or others, and the same holds for the resolved symlink target's directory. This is
+  what the sandbox cannot forge: ``/usr/bin`` passes, ``/tmp/x`` and ``$HOME/bin`` do not.
+
+Trust is checked on the host where the rules engine runs, which must see the same file system
+as the sandboxed shell.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+from execgate.server.policy import Execution
+
+from .codex_rules import load_codex
+from .rules_model import STRICTNESS, Evaluation, Rule, RulesError, RulesFile, parse_decision
+from .rules_toml import load_toml
+
+#: The rules shipped with execgate, loaded when no rules file is given.
+DEFAULT_RULES_PATH = Path(__file__).resolve().parent / "rules" / "default.toml"
+_SUFFIXES = (".toml", ".rules")
+_UNSAFE_MODE = stat.S_IWGRP | stat.S_IWOTH
+
+
+class RuleSet:
+    """An immutable, merged set of rules that decides execs.
+
+    Build one with :meth:`load`; share it freely (it is never mutated).
+    """
+
+    def __init__(
+        self,
+        rules: Iterable[Rule],
+        *,
+        default: str = "run",
+        trusted_dirs: Iterable[str] | None = None,
+        host_executables: Mapping[str, Sequence[str]] | None = None,
+        sources: Iterable[Path] = (),
+    ) -> None:
+        """Build a rule set from validated rules.
+
+        Args:
+            rules: rules in priority order for ties (load order).
+            default: decision for commands no rule matches.
+            trusted_dirs: directories whose programs basename rules trust; None selects the
+                root-owned-directory test.
+            host_executables: basename → the only absolute paths its permissive rules trust.
+            sources: the files the rules came from (informational).
+
+        Raises:
+            RulesError: ``default`` is not a decision.
+        """
+        self._rules = tuple(rules)
+        self._default = parse_decision(default, Path("<arguments>"), "default")
+        self._trusted_dirs = (None if trusted_dirs is None
+                              else frozenset(os.path.normpath(d) for d in trusted_dirs))
+        self._hosts = {k: frozenset(v) for k, v in (host_executables or {}).items()}
+        self._sources = tuple(sources)
+        self._by_name: dict[str, list[Rule]] = {}
+        for rule in self._rules:
+            self._by_name.setdefault(rule.program, []).append(rule)
+        self._order = {id(rule): n for n, rule in enumerate(self._rules)}
+
+    @classmethod
+    def load(
+        cls,
+        paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str],
+        *,
+        default: str | None = None,
+        trusted_dirs: Iterable[str] | None = None,
+    ) -> RuleSet:
+        """Load rules files (``.toml`` execgate format, ``.rules`` Codex format, by suffix).
+
+        A directory stands for its ``*.toml`` and ``*.rules`` files, sorted by name.
+
+        Args:
+            paths: files or directories, in priority order for ties.
+            default: decision for unmatched commands. The effective default is the strictest of
+                this argument and every file's ``default`` (a caller can tighten, never loosen,
+                a file's default); ``run`` when none is set.
+            trusted_dirs: overrides every file's ``trusted_dirs`` when given.
+
+        Raises:
+            RulesError: a file is missing, unreadable, has an unknown suffix or is invalid; rule
+                ids collide across files; or ``default`` is not a decision.
+        """
+        files = [_load_file(p) for p in expand_paths(paths)]
+        defaults = [d for d in [default, *(f.default for f in files)] if d is not None]
+        for d in defaults:
+            parse_decision(d, Path("<arguments>"), "default")
+        effective = max(defaults, key=STRICTNESS.__getitem__) if defaults else "run"
+        if trusted_dirs is None:
+            listed = [d for f in files if f.trusted_dirs is not None for d in f.trusted_dirs]
+            if any(f.trusted_dirs is not None for f in files):
+                trusted_dirs = listed
+        hosts: dict[str, tuple[str, ...]] = {}
+        for f in files:
+            for name, host_paths in f.host_executables.items():
+                hosts[name] = hosts.get(name, ()) + host_paths
+        _check_unique_ids(files)
+        return cls(
+            (rule for f in files for rule in f.rules),
+            default=effective,
+            trusted_dirs=trusted_dirs,
+            host_executables=hosts,
+            sources=(f.path for f in files),
+        )
+
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        """Every rule, in load order."""
+        return self._rules
+
+    @property
+    def default(self) -> str:
+        """The decision for commands no rule matches."""
+        return self._default
+
+    @property
+    def sources(self) -> tuple[Path, ...]:
+        """The files this set was loaded from."""
+        return self._sources
+
+    def evaluate(self, program: str, argv: Sequence[str]) -> Evaluation:
+        """Decide one exec.
+
+        Args:
+            program: absolute path of the program executed (resolved by the server).
+            argv: the full argv, argv[0] included.
+
+        Returns:
+            The decision, the winning rule, every matching rule and the rules skipped because
+            ``program`` is not trusted for them.
+        """
+        program = os.path.normpath(program)
+        args = tuple(argv[1:])
+        matched: list[Rule] = []
+        skipped: list[Rule] = []
+        trusted: bool | None = None
+        for rule in self._candidates(program, argv):
+            if not rule.matches_args(args):
+                continue
+            if not rule.restrictive and not os.path.isabs(rule.program):
+                if trusted is None:
+                    trusted = self.is_trusted(program)
+                if not trusted:
+                    skipped.append(rule)
+                    continue
+            matched.append(rule)
+        if not matched:
+            return self._default_evaluation(program, tuple(skipped))
+        winner = max(matched, key=lambda r: (STRICTNESS[r.decision], -self._order[id(r)]))
+        reason = winner.justification or f"rule {winner.id} ({winner.location}): {winner.decision}"
+        return Evaluation(
+            decision=winner.decision,
+            rule=winner,
+            matched=tuple(matched),
+            execution=_execution_for(winner.decision, winner.execution),
+            reason=reason,
+            allow_env=winner.allow_env,
+            skipped=tuple(skipped),
+        )
+
+    def is_trusted(self, program: str) -> bool:
+        """True when permissive (run, escalate) basename rules may apply to absolute ``program``."""
+        program = os.path.normpath(program)
+        if not os.path.isabs(program):
+            return False
+        listed = self._hosts.get(os.path.basename(program))
+        if listed is not None:
+            return program in listed
+        if self._trusted_dirs is not None:
+            return os.path.dirname(program) in self._trusted_dirs
+        if not (_root_dir_chain(os.path.dirname(program)) and _root_file(program)):
+            return False
+        real = os.path.realpath(program)
+        return real == program or _root_dir_chain(os.path.dirname(real))
+
+    def _candidates(self, program: str, argv: Sequence[str]) -> list[Rule]:
+        """Rules naming the program, by path or by name, in load order, without duplicates."""
+        found = {id(r): r for r in self._by_name.get(program, ())}
+        found.update((id(r), r) for r in self._by_name.get(os.path.basename(program), ()))
+        aliases = {os.path.basename(os.path.realpath(program))}
+        if argv:
+            aliases.add(os.path.basename(argv[0]))
+        for alias in aliases:
+            found.update((id(r), r) for r in self._by_name.get(alias, ()) if r.restrictive)
+        return sorted(found.values(), key=lambda r: self._order[id(r)])
+
+    def _default_evaluation(self, program: str, skipped: tuple[Rule, ...]) -> Evaluation:
+        reason = f"no rule matched {program}; default: {self._default}"
+        if skipped:
+            reason += (f" (rule {skipped[0].id} names {skipped[0].program} but {program} is not "
+                       f"in a trusted directory)")
+        return Evaluation(
+            decision=self._default,
+            rule=None,
+            matched=(),
+            execution=_execution_for(self._default, None),
+            reason=reason,
+            skipped=skipped,
+        )
+
+
+def expand_paths(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str]) -> list[Path]:
+    """Turn files and directories into the list of rules files to load, in order.
+
+    Raises:
+        RulesError: a path does not exist or a directory cannot be listed.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    out: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            try:
+                out.extend(sorted(p for p in path.iterdir() if p.suffix in _SUFFIXES))
+            except OSError as exc:
+                raise RulesError(f"{path}: cannot list rules directory: {exc}") from exc
+        elif not path.exists():
+            raise RulesError(f"{path}: no such rules file")
+        else:
+            out.append(path)
+    return out
+
+
+def _load_file(path: Path) -> RulesFile:
+    if path.suffix == ".toml":
+        return load_toml(path)
+    if path.suffix == ".rules":
+        return load_codex(path)
+    raise RulesError(f"{path}: unknown rules file type (expected .toml or .rules)")
+
+
+def _check_unique_ids(files: Sequence[RulesFile]) -> None:
+    owner: dict[str, Path] = {}
+    for f in files:
+        for rule_id in dict.fromkeys(r.id for r in f.rules):
+            if rule_id in owner and owner[rule_id] != f.path:
+                raise RulesError(f"{f.path}: rule {rule_id!r}: id already used in {owner[rule_id]}")
+            owner[rule_id] = f.path
+
+
+def _execution_for(decision: str, execution: Execution | None) -> Execution | None:
+    if decision in ("escalate", "prompt"):
+        return execution or Execution("unsandboxed")
+    return None
+
+
+def _root_dir_chain(directory: str) -> bool:
+    """True if ``directory`` and all its parents are root-owned and not group/other-writable."""
+    current = directory
+    while True:
+        try:
+            st = os.stat(current)
+        except OSError:
+            return False
+        if st.st_uid != 0 or st.st_mode & _UNSAFE_MODE or not stat.S_ISDIR(st.st_mode):
+            return False
+        parent = os.path.dirname(current)
+        if parent == current:
+            return True
+        current = parent
+
+
+def _root_file(path: str) -> bool:
+    """True if ``path`` is missing (the exec will fail) or root-owned, not group/other-writable."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return st.st_uid == 0 and not st.st_mode & _UNSAFE_MODE
