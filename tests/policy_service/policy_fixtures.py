@@ -1,9 +1,6 @@
 """Rules shared by the policy service tests, and the rules engine they run on."""
 
-try:  # the real engine once branch `rules` is merged into main
-    from execgate.policy_service import rules as rules_api
-except ImportError:  # pragma: no cover - TEMPORARY, see _rules_standin.py
-    import _rules_standin as rules_api  # type: ignore[no-redef]
+from execgate.policy_service import rules as rules_api
 
 RULES = '''
 [[rule]]
