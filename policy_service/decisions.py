@@ -112,25 +112,40 @@ class DecisionService:
         elif evaluation.decision == "escalate":
             decision = Decision.escalate(execution, reason=reason, **common)
         elif evaluation.decision == "prompt":
-            wait = self.approvals.timeout_s
-            if budget_s is not None:
-                # Answer with a timeout denial a little before the caller gives up on us.
-                wait = max(0.0, min(wait, budget_s - _ANSWER_MARGIN_S))
-            if on_prompt is not None:
-                await on_prompt(wait)
-            outcome = await self.approvals.request(
-                session, program, argv, workdir,
-                rule_id=rule_id, reason=reason, execution=execution, timeout_s=wait,
+            decision, approver = await self._ask(
+                session, program, argv, workdir, rule_id, reason, execution, common, budget_s, on_prompt
             )
-            approver = outcome.approver
-            if outcome.approved:
-                decision = Decision.escalate(execution, reason=outcome.reason, **common)
-            else:
-                decision = Decision.deny(outcome.reason, **common)
         else:
             decision = Decision.deny(reason or "denied by policy", **common)
         self._audit(session, program, argv, workdir, decision, approver, started)
         return Decided(decision, approver)
+
+    async def _ask(
+        self,
+        session: SessionContext,
+        program: str,
+        argv: Sequence[str],
+        workdir: str,
+        rule_id: str,
+        reason: str,
+        execution: Execution,
+        common: dict[str, str],
+        budget_s: float | None,
+        on_prompt: PromptHook | None,
+    ) -> Decided:
+        """Run a prompt through the approvals broker; approval escalates with ``execution``."""
+        wait = self.approvals.timeout_s
+        if budget_s is not None:
+            # Answer with a timeout denial a little before the caller gives up on us.
+            wait = max(0.0, min(wait, budget_s - _ANSWER_MARGIN_S))
+        if on_prompt is not None:
+            await on_prompt(wait)
+        outcome = await self.approvals.request(
+            session, program, argv, workdir, rule_id=rule_id, reason=reason, execution=execution, timeout_s=wait
+        )
+        if outcome.approved:
+            return Decided(Decision.escalate(execution, reason=outcome.reason, **common), outcome.approver)
+        return Decided(Decision.deny(outcome.reason, **common), outcome.approver)
 
     def _audit(
         self,
