@@ -12,6 +12,9 @@ client still requires, within ``timeout_s``, either the answer or the initial me
 ``execgate-prompt`` by which the service says it is waiting for an approver; only then does it
 wait on, up to ``prompt_timeout_s``. The service sees that deadline and answers a silent prompt
 with a timed-out Deny just before it. So a hung service costs ``timeout_s``, never the prompt time.
+grpc.aio delivers a unary call's initial metadata only together with its response, so the client
+invokes the (unary) ``DetermineAction`` method through a server-streaming call object, which
+reads headers on their own; cardinality is not on the wire, so the service is unaffected.
 
 Retries: only transport unavailability, by gRPC's own retry policy (service config), inside the
 same deadline; ``waitForReady`` is false so that a service that is down fails fast.
@@ -82,6 +85,21 @@ def _expect(response: object, kind: type) -> Any:
     return response
 
 
+async def _single(call: grpc.aio.UnaryStreamCall) -> object:
+    """The one response of a unary method read through a stream call.
+
+    Raises:
+        grpc.aio.AioRpcError: the call failed. codec.CodecError: it ended without a response.
+    """
+    response = await call.read()
+    if response is grpc.aio.EOF:
+        code = await call.code()
+        if code != grpc.StatusCode.OK:
+            raise codec.CodecError(f"call ended with {code.name}: {await call.details()}")
+        raise codec.CodecError("call ended without a response")
+    return response
+
+
 class GrpcPolicy:
     """A :class:`~execgate.server.policy.Policy` that asks a remote ``execgate.v1`` service.
 
@@ -115,6 +133,7 @@ class GrpcPolicy:
         self._channel: grpc.aio.Channel | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stub: policy_pb2_grpc.EscalationPolicyStub | None = None
+        self._determine_call: grpc.aio.UnaryStreamMultiCallable | None = None
         self.stats: Counter[str] = Counter()
 
     def _get_stub(self) -> policy_pb2_grpc.EscalationPolicyStub:
@@ -126,11 +145,16 @@ class GrpcPolicy:
                 self._channel = grpc.aio.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
             self._loop = loop
             self._stub = policy_pb2_grpc.EscalationPolicyStub(self._channel)
+            self._determine_call = self._channel.unary_stream(
+                "/execgate.v1.EscalationPolicy/DetermineAction",
+                request_serializer=pb.DetermineActionRequest.SerializeToString,
+                response_deserializer=pb.DetermineActionResponse.FromString,
+            )
         return self._stub
 
     async def aclose(self) -> None:
         """Close the channel (in-flight calls are cancelled). The object may be used again."""
-        channel, self._channel, self._stub = self._channel, None, None
+        channel, self._channel, self._stub, self._determine_call = self._channel, None, None, None
         if channel is not None:
             await channel.close()
 
@@ -159,8 +183,10 @@ class GrpcPolicy:
                      decision.rule_id or "default", decision.reason)
         return decision
 
-    async def _determine(self, request: pb.DetermineActionRequest) -> pb.DetermineActionResponse:
-        call = self._get_stub().DetermineAction(
+    async def _determine(self, request: pb.DetermineActionRequest) -> object:
+        self._get_stub()
+        assert self._determine_call is not None
+        call = self._determine_call(
             request, timeout=self.prompt_timeout_s, metadata=self._metadata, wait_for_ready=False
         )
         try:
@@ -168,10 +194,10 @@ class GrpcPolicy:
                 async with asyncio.timeout(self.timeout_s):
                     metadata = await call.initial_metadata()
                     if not any(key == PROMPT_METADATA_KEY for key, _ in metadata or ()):
-                        return await call
+                        return await _single(call)
             except TimeoutError:
                 raise _NoAnswer(f"no answer within {self.timeout_s:g} s") from None
-            return await call  # an approver is being asked: the gRPC deadline bounds the wait
+            return await _single(call)  # an approver is being asked: the gRPC deadline bounds the wait
         finally:
             if not call.done():
                 call.cancel()

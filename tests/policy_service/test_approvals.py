@@ -172,3 +172,31 @@ async def test_unspecified_verdict_is_invalid(service) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.ResolveApproval(apb.ResolveApprovalRequest(request_id="x"), timeout=5)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_grpc_policy_waits_past_its_ordinary_deadline_for_a_prompt(service) -> None:
+    """The service's `execgate-prompt` metadata lets GrpcPolicy wait beyond timeout_s, up to
+    prompt_timeout_s; a silent approver then yields a policy denial (not an error) before it."""
+    from execgate.server.grpc_policy import GrpcPolicy
+    from execgate.server.policy import SessionContext
+
+    session = SessionContext("s-7", {"agent": "slow"})
+    async with service() as server, grpc.aio.insecure_channel(server.addresses[0]) as channel:
+        approver = await Approver(server, channel).connected()
+        policy = GrpcPolicy(server.addresses[0], timeout_s=0.3, prompt_timeout_s=10)
+        asking = asyncio.ensure_future(policy.determine_action("/usr/bin/ls", ["ls", "-x"], "/tmp", session))
+        pending = await approver.next()
+        await asyncio.sleep(1.0)  # well past timeout_s
+        await approver.resolve(pending, apb.VERDICT_APPROVE_ONCE)
+        approved = await asking
+
+        short = GrpcPolicy(server.addresses[0], timeout_s=0.3, prompt_timeout_s=1.5)
+        started = time.monotonic()
+        silent = await short.determine_action("/usr/bin/ls", ["ls", "-y"], "/tmp", session)
+        elapsed = time.monotonic() - started
+        await policy.aclose()
+        await short.aclose()
+        await approver.close()
+    assert approved.action == "escalate" and not approved.error
+    assert silent.action == "deny" and not silent.error and "timed out" in (silent.reason or "")
+    assert 1.0 <= elapsed < 2.5

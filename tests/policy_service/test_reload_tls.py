@@ -17,6 +17,8 @@ from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from execgate.policy_service.transport import TlsFiles
+from execgate.server.grpc_policy import GrpcPolicy
+from execgate.server.policy import SessionContext
 from execgate.v1 import policy_pb2 as pb
 from execgate.v1 import policy_pb2_grpc
 
@@ -93,6 +95,16 @@ async def test_tls_and_token(service, short_tmp: Path) -> None:
             # Health checks need no token.
             health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
             assert health.status == health_pb2.HealthCheckResponse.SERVING
+        # The escalation server's client, over TLS with the token (and with a wrong one).
+        good = GrpcPolicy(address, tls=creds, token="s3cret", timeout_s=2)
+        bad = GrpcPolicy(address, tls=creds, token="guess", timeout_s=2)
+        session = SessionContext("s")
+        ok = await good.determine_action("/usr/bin/echo", ["echo"], "/tmp", session)
+        refused = await bad.determine_action("/usr/bin/echo", ["echo"], "/tmp", session)
+        await good.aclose()
+        await bad.aclose()
+        assert ok.action == "run" and not ok.error
+        assert refused.action == "deny" and refused.error and "UNAUTHENTICATED" in refused.reason
         # Plaintext to the TLS port does not get through.
         async with grpc.aio.insecure_channel(address) as channel:
             with pytest.raises(grpc.aio.AioRpcError) as info:
