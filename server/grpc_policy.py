@@ -153,7 +153,12 @@ class GrpcPolicy:
         return self._stub
 
     async def aclose(self) -> None:
-        """Close the channel (in-flight calls are cancelled). The object may be used again."""
+        """Close the channel (in-flight calls are cancelled). The object may be used again.
+
+        After a connection broke, grpc may still deliver the completion of a reconnect attempt to
+        this event loop a few hundred ms after the close; keep the loop running that long if it
+        is about to be closed (the escalation server's loop normally outlives its policy).
+        """
         channel, self._channel, self._stub, self._determine_call = self._channel, None, None, None
         if channel is not None:
             await channel.close()
