@@ -13,7 +13,28 @@ Sequence of one intercepted exec::
       |  Run:  exec in place                      |
       |  Deny: "Execution denied: ..." exit 1     |
       | == frame SuperExecMessage + fds 0,1,2 ==> |   Escalate only
+      | == frame {"signal": N} (0 or more) ======> |   execgate extension, see below
       | <================= frame SuperExecResult == |   when the escalated child ends
+
+execgate extensions (Codex peers ignore unknown fields, so both are backward compatible):
+
+* **Signal forwarding.** The server's Escalate response carries ``"execgate_signals": true``
+  (:data:`SIGNALS_EXTENSION_FIELD`). A wrapper that sees it installs handlers for
+  :data:`FORWARDED_SIGNALS` after sending the fds and forwards each caught signal as a frame
+  ``{"signal": N}`` (:class:`SignalMessage`, N the Linux signal number) on the same stream. The server
+  sends N to the escalated child's process group. A wrapper that does not know the field never sends
+  such frames; a server that does not know them never advertises the field.
+* **Fallback socket path.** Each session also listens on a ``SOCK_STREAM`` Unix socket whose path is
+  exported as ``EXECGATE_SOCKET_PATH`` (:data:`SOCKET_PATH_ENV_VAR`); its directory is private
+  (mode 0700) and the socket mode 0600. A wrapper whose ``CODEX_ESCALATE_SOCKET`` fd is missing or
+  is not an ``AF_UNIX SOCK_DGRAM`` socket (e.g. a CPython ``subprocess`` child whose parent used
+  ``close_fds=True``) connects there instead. The server checks the peer's uid (``SO_PEERCRED``,
+  see unix(7)): it must equal the server's uid or be root. An accepted connection is then treated
+  exactly like the stream end received in a handshake: the Request frame comes next::
+
+    wrapper                                   server (fallback listener)
+      | -- connect(EXECGATE_SOCKET_PATH) -------> |   SO_PEERCRED uid check
+      | == frame EscalateRequest ===============> |   ... then as above
 """
 
 from __future__ import annotations
@@ -30,6 +51,15 @@ EXEC_WRAPPER_ENV_VAR = "EXEC_WRAPPER"
 OVERLAY_ENV_VARS = (ESCALATE_SOCKET_ENV_VAR, EXEC_WRAPPER_ENV_VAR)
 #: Prefix of execgate's own environment variables.
 EXECGATE_ENV_PREFIX = "EXECGATE_"
+#: Path of the session's fallback SOCK_STREAM listener (execgate extension, see module doc).
+SOCKET_PATH_ENV_VAR = "EXECGATE_SOCKET_PATH"
+#: Variables a wrapper removes from the environment it sends in ``EscalateRequest.env``.
+REQUEST_ENV_EXCLUDED = OVERLAY_ENV_VARS
+
+#: Extra field of an Escalate response: the server accepts ``{"signal": N}`` frames.
+SIGNALS_EXTENSION_FIELD = "execgate_signals"
+#: Signals (by name) a wrapper forwards to the escalated child's process group.
+FORWARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
 
 #: Payload of the handshake datagram (ignored by the server).
 HANDSHAKE_PAYLOAD = b"\x00"
@@ -169,6 +199,24 @@ class SuperExecResult:
         code = obj.get("exit_code")
         _expect(isinstance(code, int) and not isinstance(code, bool), "exit_code must be an integer")
         return cls(exit_code=code)
+
+
+@dataclass(frozen=True, slots=True)
+class SignalMessage:
+    """Wrapper → server after SuperExec (execgate extension): deliver signal ``signal`` (a Linux
+    signal number, e.g. 2 for SIGINT) to the escalated child's process group."""
+
+    signal: int
+
+    def to_json(self) -> bytes:
+        return _dumps({"signal": self.signal})
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> SignalMessage:
+        _expect(isinstance(obj, dict), "signal message is not a JSON object")
+        num = obj.get("signal")
+        _expect(isinstance(num, int) and not isinstance(num, bool) and 0 < num < 65, "signal must be 1..64")
+        return cls(signal=num)
 
 
 def decode_json(payload: bytes) -> Any:

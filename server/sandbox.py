@@ -107,8 +107,13 @@ class ShellSandbox:
         return bwrap_argv(self.permissions, cwd=cwd, extra_binds=extra_binds) + list(shell_argv)
 
 
-def choose_sandbox(mode: SandboxMode, *, workdir: str, writable: Sequence[str] = ()) -> ShellSandbox:
+def choose_sandbox(
+    mode: SandboxMode, *, workdir: str, writable: Sequence[str] = (), readable: Sequence[str] = ()
+) -> ShellSandbox:
     """Resolve ``--sandbox auto|bwrap|none`` for a shell working in ``workdir``.
+
+    ``readable`` lists paths that must stay visible even under the private ``/tmp`` (execgate's
+    own install prefix, the wrapper, the preload shim: a virtualenv may live under /tmp).
 
     Raises:
         SandboxError: ``bwrap`` was asked for and cannot run here.
@@ -121,6 +126,7 @@ def choose_sandbox(mode: SandboxMode, *, workdir: str, writable: Sequence[str] =
             raise SandboxError(reason)
         return ShellSandbox("none", None, f"sandbox: none ({reason})")
     roots = tuple(dict.fromkeys([os.path.abspath(workdir), *map(os.path.abspath, writable)]))
-    perms = Permissions(network=False, writable_roots=roots)
+    seen = tuple(dict.fromkeys(os.path.abspath(r) for r in readable if os.path.abspath(r) not in roots))
+    perms = Permissions(network=False, writable_roots=roots, readable_roots=seen)
     chosen = "bwrap" if mode == "bwrap" else "bwrap (auto: bubblewrap works here)"
     return ShellSandbox("bwrap", perms, f"sandbox: {chosen}; read-only root, writable {', '.join(roots)} and a private /tmp, no network")

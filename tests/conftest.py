@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+#: The e2e fixture ``gate`` (real shells under the preload shim) lives in tests/preload_support.py.
+pytest_plugins = ("preload_support",)
+
 
 @pytest.fixture(
     params=[
@@ -33,3 +36,27 @@ def short_tmp():
 def open_fd_count() -> int:
     """Number of fds open in this process, read from /proc/self/fd."""
     return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture(params=["python", "native"])
+def wrapper_kind(request):
+    """Which execve wrapper a wrapper test runs against: the Python reference client or the native one."""
+    return request.param
+
+
+@pytest.fixture
+def wrapper_path(wrapper_kind, tmp_path):
+    """Absolute path of an executable that behaves as ``EXEC_WRAPPER`` (parametrised python/native)."""
+    import importlib.util
+    import sys
+
+    if wrapper_kind == "native":
+        from execgate.wrapper.artifacts import native_wrapper_path
+
+        return str(native_wrapper_path())
+    if importlib.util.find_spec("execgate.wrapper.client") is None:
+        pytest.skip("the Python reference wrapper (execgate.wrapper.client) is not in this tree")
+    path = tmp_path / "execgate-wrapper"
+    path.write_text(f"#!{sys.executable}\nimport sys\nfrom execgate.wrapper.client import main\nsys.exit(main())\n")
+    path.chmod(0o755)
+    return str(path)

@@ -1,0 +1,288 @@
+"""The escalation server's public API: :class:`EscalateServer` (sessions, one-shot ``exec``) and
+:class:`ExecResult`.
+
+One server hosts many sessions at once in one event loop (asyncio or uvloop). Hooks for the other
+parts of execgate, all optional constructor arguments:
+
+* ``extra_env`` — extra env-overlay variables per session (mapping, or callable given the
+  :class:`~execgate.server.session.Session`), e.g. the preload shim's ``LD_PRELOAD`` and
+  ``EXECGATE_*`` variables.
+* ``launcher`` — a :class:`ShellLauncher` (or :class:`ArgvLauncher`) turning the shell argv into
+  the argv actually spawned
+  (a bubblewrap sandbox prefixes ``bwrap ...``); ``sandbox`` (or the launcher's ``permissions``
+  attribute) is the session's profile sent to the policy in ``SessionContext.sandbox``.
+* ``exec(env=..., on_output=...)`` — the shell's base environment, and a callback receiving output
+  chunks as they arrive so that a CLI can stream them live.
+* the fallback socket path of each session (``EXECGATE_SOCKET_PATH``, :mod:`.session`).
+
+Note: the package ``execgate.server`` re-exports nothing, so that the per-exec wrapper can import
+:mod:`execgate.server.protocol` without loading asyncio; import from this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping, Protocol
+
+from execgate.server.escalation import Limits
+from execgate.server.fdpass import close_fds, wait_readable
+from execgate.server.policy import Permissions, Policy
+from execgate.server.session import ExtraEnv, Session
+from execgate.server.spawn import ChildProcess, spawn
+
+#: Exit status reported by :meth:`EscalateServer.exec` when the timeout fired (as timeout(1)).
+TIMEOUT_EXIT_CODE = 124
+#: Seconds to keep reading the shell's pipes after it exited (background jobs may hold them).
+DRAIN_S = 2.0
+
+#: ``on_output(stream, data)``: ``stream`` is "stdout" or "stderr", ``data`` raw bytes as read.
+OutputCallback = Callable[[str, bytes], None]
+
+
+class ShellLauncher(Protocol):
+    """Turns the shell argv (``[shell, "-c", script]``) into the argv actually spawned.
+
+    May carry a ``permissions`` attribute (:class:`Permissions`): the sandbox profile reported to
+    the policy when the server was given no explicit ``sandbox``. A plain function works too.
+    """
+
+    def __call__(self, argv: list[str], *, session: Session, workdir: str) -> list[str]: ...
+
+
+class ArgvLauncher(Protocol):
+    """The other accepted launcher shape (e.g. :class:`execgate.server.sandbox.ShellSandbox`):
+    ``launch_argv`` is given the session's fallback-socket directory in ``extra_binds`` so that a
+    sandbox can bind it back in."""
+
+    def launch_argv(self, shell_argv: list[str], *, cwd: str, extra_binds: list[str]) -> list[str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """Outcome of :meth:`EscalateServer.exec`.
+
+    Attributes:
+        exit_code: the shell's status (``128 + S`` if killed by signal S; 124 on timeout).
+        stdout, stderr: captured output, UTF-8 decoded with replacement.
+        output: stdout and stderr interleaved in arrival order.
+        duration: wall-clock seconds from start to the shell's exit.
+        timed_out: True if the timeout killed the shell.
+    """
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    output: str
+    duration: float
+    timed_out: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+
+class EscalateServer:
+    """Serves the escalation protocol for any number of sessions.
+
+    Args:
+        shell: path of the shell run by :meth:`exec` (bash, zsh, dash, …).
+        wrapper: path of the execve wrapper exported as ``EXEC_WRAPPER`` (made absolute).
+        policy: the :class:`~execgate.server.policy.Policy` consulted for every exec.
+        launcher: optional :class:`ShellLauncher` or :class:`ArgvLauncher` hook (sandbox).
+        sandbox: the sessions' sandbox profile; default ``launcher.permissions`` if present.
+        extra_env: extra env-overlay variables (mapping or ``callable(session) -> mapping``).
+        limits: protocol limits and kill grace period.
+        socket_dir: parent directory of the sessions' private fallback-socket directories
+            (default the temp dir; keep it short: AF_UNIX paths are limited to 108 bytes).
+    """
+
+    def __init__(
+        self,
+        shell: str,
+        wrapper: str,
+        policy: Policy,
+        *,
+        launcher: ShellLauncher | ArgvLauncher | None = None,
+        sandbox: Permissions | None = None,
+        extra_env: ExtraEnv | None = None,
+        limits: Limits | None = None,
+        socket_dir: str | None = None,
+    ) -> None:
+        self.shell = shell
+        self.wrapper = os.path.abspath(wrapper)
+        self.policy = policy
+        self.launcher = launcher
+        self.sandbox = sandbox if sandbox is not None else getattr(launcher, "permissions", None)
+        self.extra_env = extra_env
+        self.limits = limits or Limits()
+        self.socket_dir = socket_dir
+
+    def start_session(self, session_id: str | None = None, labels: Mapping[str, str] | None = None) -> Session:
+        """Create a session and start serving it (needs a running event loop).
+
+        Use it as ``async with server.start_session() as s:``; spawn the shell with
+        ``env | s.env_overlay`` (passing ``s.client_fd``), then call ``s.close_client_socket()``.
+
+        Raises:
+            OSError: the socketpair or the fallback socket could not be created.
+        """
+        return Session(
+            policy=self.policy,
+            wrapper=self.wrapper,
+            session_id=session_id,
+            labels=labels,
+            sandbox=self.sandbox,
+            extra_env=self.extra_env,
+            limits=self.limits,
+            socket_dir=self.socket_dir,
+        )
+
+    def shell_argv(self, command: str, *, login: bool, session: Session, workdir: str) -> list[str]:
+        """``[shell, "-c"|"-lc", command]``, passed through the launcher hook if any."""
+        argv = [self.shell, "-lc" if login else "-c", command]
+        if self.launcher is None:
+            return argv
+        if hasattr(self.launcher, "launch_argv"):
+            return list(self.launcher.launch_argv(argv, cwd=workdir, extra_binds=[session.socket_dir]))
+        return list(self.launcher(argv, session=session, workdir=workdir))  # type: ignore[operator]
+
+    async def exec(
+        self,
+        command: str,
+        workdir: str,
+        timeout_s: float | None = None,
+        login: bool = False,
+        *,
+        env: Mapping[str, str] | None = None,
+        on_output: OutputCallback | None = None,
+        session_id: str | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> ExecResult:
+        """Run ``SHELL -c|-lc command`` in ``workdir`` in a fresh session and capture its output.
+
+        Args:
+            command: the script.
+            workdir: working directory of the shell.
+            timeout_s: seconds; on expiry the shell's process group gets SIGKILL and the session's
+                escalated groups are killed (TERM, then KILL after the grace period).
+            login: use ``-lc``.
+            env: the shell's base environment (default the server's ``os.environ``); the session's
+                overlay is added on top.
+            on_output: called on the event loop with each chunk read, in arrival order.
+            session_id, labels: as :meth:`start_session`.
+
+        Stdin of the shell is ``/dev/null``. When the shell exits, the session closes (killing any
+        escalated command still running) and its pipes are read for at most ``DRAIN_S`` more seconds.
+
+        Raises:
+            OSError: the shell could not be spawned.
+        """
+        started = time.monotonic()
+        capture = _Capture(on_output)
+        try:
+            async with self.start_session(session_id, labels) as session:
+                argv = self.shell_argv(command, login=login, session=session, workdir=workdir)
+                shell_env = {**(os.environ if env is None else env), **session.env_overlay}
+                try:
+                    shell = spawn(
+                        argv, env=shell_env, cwd=workdir, stdio=capture.write_ends(), pass_fds=(session.client_fd,)
+                    )
+                finally:
+                    capture.close_write_ends()
+                    session.close_client_socket()
+                capture.start()
+                status, timed_out = await _wait_shell(shell, timeout_s)
+                duration = time.monotonic() - started
+            await capture.finish(DRAIN_S)  # after the session closed: escalated writers are gone
+        finally:
+            await capture.close()
+        return capture.result(status, duration, timed_out)
+
+
+async def _wait_shell(shell: ChildProcess, timeout_s: float | None) -> tuple[int, bool]:
+    """Wait for the shell; on timeout or cancellation SIGKILL its process group and reap it."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await shell.wait(), False
+    except TimeoutError:
+        shell.signal_group(signal.SIGKILL)
+        await shell.wait()
+        return TIMEOUT_EXIT_CODE, True
+    except BaseException:
+        shell.signal_group(signal.SIGKILL)
+        await asyncio.shield(shell.wait())
+        raise
+
+
+class _Capture:
+    """The shell's stdout/stderr pipes (owned here) and their output, per stream and interleaved."""
+
+    def __init__(self, on_output: OutputCallback | None) -> None:
+        self.on_output = on_output
+        self.chunks: list[tuple[str, bytes]] = []
+        self.fds: dict[str, int] = {}
+        self.tasks: list[asyncio.Future[None]] = []
+        try:
+            for name in ("stdout", "stderr"):
+                self.fds[name], self.fds[name + "_w"] = os.pipe()
+        except BaseException:
+            close_fds(self.fds.values())
+            raise
+
+    def write_ends(self) -> dict[int, int]:
+        """Destination → write end, for :func:`spawn`'s ``stdio``."""
+        return {1: self.fds["stdout_w"], 2: self.fds["stderr_w"]}
+
+    def close_write_ends(self) -> None:
+        close_fds([self.fds.pop("stdout_w"), self.fds.pop("stderr_w")])
+
+    def start(self) -> None:
+        self.tasks = [asyncio.ensure_future(self.drain(self.fds[n], n)) for n in ("stdout", "stderr")]
+
+    async def finish(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` seconds for both pipes to reach EOF."""
+        if self.tasks:
+            await asyncio.wait(self.tasks, timeout=timeout_s)
+
+    async def close(self) -> None:
+        """Stop reading and close every pipe end still open. Idempotent."""
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        close_fds(self.fds.values())
+        self.fds.clear()
+
+    async def drain(self, fd: int, name: str) -> None:
+        """Read ``fd`` (a pipe's read end, closed by :meth:`close`) until EOF."""
+        os.set_blocking(fd, False)
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                await wait_readable(fd)
+                continue
+            if not data:
+                return
+            self.chunks.append((name, data))
+            if self.on_output is not None:
+                self.on_output(name, data)
+
+    def result(self, status: int, duration: float, timed_out: bool) -> ExecResult:
+        def text(parts: list[bytes]) -> str:
+            return b"".join(parts).decode("utf-8", errors="replace")
+
+        return ExecResult(
+            exit_code=status,
+            stdout=text([d for n, d in self.chunks if n == "stdout"]),
+            stderr=text([d for n, d in self.chunks if n == "stderr"]),
+            output=text([d for _, d in self.chunks]),
+            duration=duration,
+            timed_out=timed_out,
+        )

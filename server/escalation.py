@@ -1,0 +1,213 @@
+"""One intercepted exec on the server side: read the request, ask the policy, answer, and for an
+Escalate spawn the prepared command on the caller's fds and report its exit status.
+
+The connection is the ``SOCK_STREAM`` end received in a handshake (or accepted on the session's
+fallback socket path; both are handled identically). Every failure here — bad frame, timeout,
+broken peer — is logged and closes this connection only; the session keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from execgate.server import protocol as p
+from execgate.server.fdpass import PeerClosedError, close_fds, recv_frame, send_frame
+from execgate.server.policy import Decision, Execution, Policy, PreparedExec, SessionContext
+from execgate.server.spawn import DEFAULT_KILL_GRACE_S, ChildProcess, spawn
+
+log = logging.getLogger(__name__)
+
+#: Signal numbers the server accepts in ``{"signal": N}`` frames.
+FORWARDABLE_SIGNALS = frozenset(int(getattr(signal, name)) for name in p.FORWARDED_SIGNALS)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-session limits (DESIGN.md §2 defaults).
+
+    Attributes:
+        max_frame_bytes: largest accepted frame payload, bytes.
+        max_fds: most fds accepted on one message.
+        request_timeout_s: deadline for the request frame after the handshake (and for the
+            SuperExec frame after an Escalate answer), seconds.
+        max_concurrent: most connections a session serves at once; further ones get a Deny.
+        kill_grace_s: seconds between SIGTERM and SIGKILL when killing a process group.
+    """
+
+    max_frame_bytes: int = p.MAX_FRAME_BYTES
+    max_fds: int = p.MAX_FDS_PER_MESSAGE
+    request_timeout_s: float = p.REQUEST_READ_TIMEOUT_S
+    max_concurrent: int = p.MAX_CONCURRENT_REQUESTS_PER_SESSION
+    kill_grace_s: float = DEFAULT_KILL_GRACE_S
+
+
+def resolve_program(file: str, workdir: str) -> str:
+    """Absolute program path: ``file`` resolved lexically against ``workdir`` (no symlinks read).
+
+    Raises:
+        ProtocolError: ``workdir`` is not absolute.
+    """
+    if not os.path.isabs(workdir):
+        raise p.ProtocolError(f"request.workdir is not absolute: {workdir!r}")
+    return os.path.normpath(os.path.join(workdir, file))
+
+
+async def handle_connection(
+    conn: socket.socket,
+    *,
+    policy: Policy,
+    context: SessionContext,
+    limits: Limits,
+    on_spawn: Callable[[ChildProcess], None],
+) -> None:
+    """Serve one exec on ``conn`` (non-blocking stream socket, owned and closed here).
+
+    Args:
+        on_spawn: called with each escalated child right after it starts, so that the session can
+            kill its process group when the session closes.
+
+    Never raises for peer errors (they are logged); propagates cancellation.
+    """
+    try:
+        async with asyncio.timeout(limits.request_timeout_s):
+            payload, _ = await recv_frame(conn, max_bytes=limits.max_frame_bytes, max_fds=0)
+        request = p.EscalateRequest.from_obj(p.decode_json(payload))
+        program = resolve_program(request.file, request.workdir)
+        decision = await _decide(policy, program, request, context)
+        if decision.action == "run":
+            await _send(conn, p.EscalateResponse("Run"))
+        elif decision.action == "escalate":
+            await _escalate(conn, policy, program, request, decision, context, limits, on_spawn)
+        else:
+            await _send(conn, p.EscalateResponse("Deny", reason=decision.reason))
+    except TimeoutError:
+        log.warning("session %s: peer too slow, connection closed", context.session_id)
+    except PeerClosedError as exc:
+        log.info("session %s: peer closed the connection: %s", context.session_id, exc)
+    except p.ProtocolError as exc:
+        log.warning("session %s: protocol error, connection closed: %s", context.session_id, exc)
+    except OSError as exc:
+        log.warning("session %s: connection failed: %s", context.session_id, exc)
+    except Exception:  # a bug here must not take the session down; log it with its traceback
+        log.exception("session %s: unexpected error serving a connection", context.session_id)
+    finally:
+        conn.close()
+
+
+async def _send(conn: socket.socket, message: Any) -> None:
+    await send_frame(conn, message.to_json())
+
+
+async def _decide(policy: Policy, program: str, request: p.EscalateRequest, context: SessionContext) -> Decision:
+    try:
+        decision = await policy.determine_action(program, list(request.argv), request.workdir, context)
+    except Exception as exc:  # fail closed: any policy failure is a Deny naming the cause
+        log.error("session %s: policy failed for %s: %r", context.session_id, program, exc)
+        return Decision.deny(f"policy error: {exc}", error=True)
+    if not isinstance(decision, Decision) or decision.action not in ("run", "escalate", "deny"):
+        log.error("session %s: policy returned %r", context.session_id, decision)
+        return Decision.deny("policy error: malformed decision", error=True)
+    return decision
+
+
+async def _escalate(
+    conn: socket.socket,
+    policy: Policy,
+    program: str,
+    request: p.EscalateRequest,
+    decision: Decision,
+    context: SessionContext,
+    limits: Limits,
+    on_spawn: Callable[[ChildProcess], None],
+) -> None:
+    execution = decision.execution or Execution()
+    try:
+        prepared = await policy.prepare_escalated_exec(
+            program, list(request.argv), request.workdir, dict(request.env), execution, context
+        )
+        if not isinstance(prepared, PreparedExec) or not prepared.command:
+            raise ValueError(f"malformed prepared exec {prepared!r}")
+    except Exception as exc:  # fail closed
+        log.error("session %s: prepare_escalated_exec failed for %s: %r", context.session_id, program, exc)
+        await _send(conn, p.EscalateResponse("Deny", reason=f"policy error: {exc}"))
+        return
+    await _send(conn, p.EscalateResponse("Escalate", extensions={p.SIGNALS_EXTENSION_FIELD: True}))
+    async with asyncio.timeout(limits.request_timeout_s):
+        payload, fds = await recv_frame(conn, max_bytes=limits.max_frame_bytes, max_fds=limits.max_fds)
+    try:
+        stdio = _stdio_map(payload, fds)
+        child = _spawn_or_report(prepared, stdio)
+    finally:
+        close_fds(fds)  # the server's copies: the child has its own now
+    if isinstance(child, int):
+        await _send(conn, p.SuperExecResult(child))
+        return
+    on_spawn(child)
+    status = await _supervise(conn, child, limits)
+    if status is not None:
+        await _send(conn, p.SuperExecResult(status))
+
+
+def _stdio_map(payload: bytes, fds: list[int]) -> dict[int, int]:
+    message = p.SuperExecMessage.from_obj(p.decode_json(payload))
+    if len(message.fds) != len(fds):
+        raise p.ProtocolError(f"fds lists {len(message.fds)} destinations but {len(fds)} fds arrived")
+    if len(set(message.fds)) != len(message.fds) or set(message.fds) - {0, 1, 2}:
+        raise p.ProtocolError(f"fd destinations must be distinct and among 0, 1, 2: {message.fds}")
+    return dict(zip(message.fds, fds))
+
+
+def _spawn_or_report(prepared: PreparedExec, stdio: dict[int, int]) -> ChildProcess | int:
+    """Spawn; on failure write one line to the caller's stderr and return 127/126 like a shell."""
+    try:
+        return spawn(prepared.command, env=prepared.env, cwd=prepared.cwd, arg0=prepared.arg0, stdio=stdio)
+    except OSError as exc:
+        log.warning("escalated spawn of %s failed: %s", prepared.command[0], exc)
+        if 2 in stdio:
+            try:
+                os.write(stdio[2], f"execgate: cannot execute {prepared.command[0]}: {exc.strerror}\n".encode())
+            except OSError:
+                pass
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+
+
+async def _supervise(conn: socket.socket, child: ChildProcess, limits: Limits) -> int | None:
+    """Wait for ``child`` while forwarding signal frames. If the stream ends (EOF or a bad frame)
+    first, kill the child's group and return None (nobody is left to tell)."""
+    waiter = asyncio.ensure_future(child.wait())
+    reader = asyncio.ensure_future(_forward_signals(conn, child, limits))
+    try:
+        await asyncio.wait({waiter, reader}, return_when=asyncio.FIRST_COMPLETED)
+        if waiter.done():
+            return waiter.result()
+        log.info("wrapper of escalated pid %d went away; killing its process group", child.pid)
+        await child.terminate_group(limits.kill_grace_s)
+        return None
+    finally:
+        for task in (waiter, reader):
+            task.cancel()
+        await asyncio.gather(waiter, reader, return_exceptions=True)
+
+
+async def _forward_signals(conn: socket.socket, child: ChildProcess, limits: Limits) -> None:
+    """Read ``{"signal": N}`` frames and deliver them to the child's group; return at EOF or on a
+    protocol violation."""
+    while True:
+        try:
+            payload, _ = await recv_frame(conn, max_bytes=limits.max_frame_bytes, max_fds=0)
+            message = p.SignalMessage.from_obj(p.decode_json(payload))
+        except PeerClosedError:
+            return
+        except (p.ProtocolError, OSError) as exc:
+            log.warning("bad frame from the wrapper of pid %d: %s", child.pid, exc)
+            return
+        if message.signal in FORWARDABLE_SIGNALS:
+            child.signal_group(message.signal)
+        else:
+            log.warning("ignoring forwarded signal %d for pid %d", message.signal, child.pid)

@@ -1,0 +1,186 @@
+"""``execgate run``: run a script under a shell in a new session, every exec gated (DESIGN.md §3, §7).
+
+The pieces, in order: choose the wrapper (native or Python) and the interception (preload shim or
+an ``EXEC_WRAPPER``-honouring shell); choose the sandbox (bubblewrap or none); reach a policy
+service — a running one (``--policy``) or an embedded one on a private Unix socket, through the
+same gRPC path; then :meth:`EscalateServer.exec` with the output streamed live (or captured and
+printed as JSON with ``--json``). ``execgate run`` exits with the script's status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import AsyncIterator, Mapping
+
+#: Status of `execgate run` itself when it cannot start (bad option, bad rules, no sandbox).
+SETUP_FAILED = 2
+
+
+class RunSetupError(Exception):
+    """Raised when ``execgate run`` cannot set up what its options ask for; the message says why."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "run",
+        help="run a script under a shell with every exec gated",
+        description=(
+            "Run SCRIPT under a shell in a new execgate session. Every exec the shell and its "
+            "children make is decided by the policy service: Run (in the sandbox), Escalate "
+            "(outside it, wired to the caller's stdio) or Deny. Exits with the script's status."
+        ),
+        epilog="example: execgate run --sandbox bwrap -- 'git status && git push'",
+    )
+    parser.add_argument("script", metavar="SCRIPT", nargs="+", help="the script (words are joined with spaces)")
+    pol = parser.add_mutually_exclusive_group()
+    pol.add_argument("--rules", metavar="FILE", action="append", default=[],
+                     help="rules for the embedded policy service (repeatable; default: the rules shipped with execgate)")
+    pol.add_argument("--policy", metavar="ADDRESS", help="a running policy service (unix:///path or host:port)")
+    parser.add_argument("--token-file", metavar="FILE", help="bearer token for --policy")
+    parser.add_argument("--shell", default="bash", help="shell to run SCRIPT with (default: bash)")
+    parser.add_argument("--login", action="store_true", help="run the shell as a login shell (-lc)")
+    parser.add_argument("--intercept", choices=("preload", "exec-wrapper"), default="preload",
+                        help="preload: LD_PRELOAD shim for stock shells (default); exec-wrapper: the shell honours EXEC_WRAPPER")
+    parser.add_argument("--wrapper", choices=("native", "python"), default="native",
+                        help="execve wrapper run once per exec (default: native)")
+    parser.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto",
+                        help="auto: bwrap when it works here (default); bwrap: require it; none: unconfined")
+    parser.add_argument("--timeout", metavar="SECONDS", type=float, default=None,
+                        help="kill the script and everything it started after SECONDS (status 124)")
+    parser.add_argument("--cwd", metavar="DIR", default=None, help="working directory (default: the current one)")
+    parser.add_argument("--label", metavar="KEY=VALUE", action="append", default=[],
+                        help="session label sent to the policy with every request (repeatable)")
+    parser.add_argument("--audit-log", metavar="FILE", help="audit log (JSON lines) of the embedded policy service")
+    parser.add_argument("--json", action="store_true", help="print the result (exit_code, stdout, stderr, output, duration, timed_out) as JSON instead of streaming")
+    parser.add_argument("-q", "--quiet", action="store_true", help="do not print the chosen sandbox on stderr")
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(run(args))
+    except RunSetupError as exc:
+        print(f"execgate run: {exc}", file=sys.stderr)
+        return SETUP_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+def parse_labels(items: list[str]) -> dict[str, str]:
+    """``["k=v", …]`` → ``{"k": "v"}``. Raises RunSetupError on an item without ``=``."""
+    labels: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise RunSetupError(f"--label wants KEY=VALUE, got {item!r}")
+        labels[key] = value
+    return labels
+
+
+def wrapper_path(kind: str) -> Path:
+    """The execve wrapper executable for ``--wrapper native|python``. Raises RunSetupError."""
+    if kind == "native":
+        from execgate.wrapper.artifacts import NativeArtifactMissing, native_wrapper_path
+
+        try:
+            return native_wrapper_path()
+        except NativeArtifactMissing as exc:
+            raise RunSetupError(str(exc)) from exc
+    beside = Path(sys.executable).parent / "execgate-wrapper"
+    found = beside if beside.exists() else shutil.which("execgate-wrapper")
+    if not found:
+        raise RunSetupError("the Python wrapper `execgate-wrapper` is not installed next to this interpreter")
+    return Path(found).absolute()
+
+
+def interception_env(kind: str, wrapper: Path) -> tuple[list[str], object]:
+    """Paths the sandbox must keep visible, and the server's ``extra_env`` hook."""
+    if kind == "exec-wrapper":
+        return [str(wrapper.parent)], None
+    from execgate.wrapper.artifacts import NativeArtifactMissing, preload_library_path
+    from execgate.wrapper.interception import preload_env
+
+    try:
+        shim = preload_library_path()
+    except NativeArtifactMissing as exc:
+        raise RunSetupError(str(exc)) from exc
+    inherited = os.environ.get("LD_PRELOAD") or None
+    return [str(wrapper.parent), str(shim.parent)], (
+        lambda session: preload_env(wrapper, socket_fd=session.client_fd, base_ld_preload=inherited)
+    )
+
+
+@contextlib.asynccontextmanager
+async def policy_address(args: argparse.Namespace) -> AsyncIterator[str]:
+    """The policy service's address: ``--policy``, or an embedded service for this run."""
+    if args.policy:
+        if args.audit_log:
+            raise RunSetupError("--audit-log is for the embedded policy service; a running one (--policy) writes its own")
+        yield args.policy
+        return
+    from execgate.policy_service.rules import RulesError
+    from execgate.policy_service.server import serve_embedded
+
+    try:
+        embedded = serve_embedded(args.rules, audit_log=args.audit_log)
+        address = await embedded.__aenter__()
+    except (RulesError, OSError) as exc:
+        raise RunSetupError(f"cannot start the embedded policy service: {exc}") from exc
+    try:
+        yield address
+    finally:
+        await embedded.__aexit__(None, None, None)
+
+
+def _stream(stream: str, data: bytes) -> None:
+    out = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
+    out.write(data)
+    out.flush()
+
+
+async def run(args: argparse.Namespace) -> int:
+    """Run ``args.script`` as ``execgate run`` does; returns the exit status to use."""
+    from execgate.server.escalate_server import EscalateServer
+    from execgate.server.grpc_policy import GrpcPolicy
+    from execgate.server.sandbox import SandboxError, choose_sandbox
+
+    workdir = os.path.abspath(args.cwd or os.getcwd())
+    if not os.path.isdir(workdir):
+        raise RunSetupError(f"--cwd {workdir}: not a directory")
+    shell = shutil.which(args.shell)
+    if shell is None:
+        raise RunSetupError(f"--shell {args.shell}: not found")
+    labels = parse_labels(args.label)
+    wrapper = wrapper_path(args.wrapper)
+    visible, extra_env = interception_env(args.intercept, wrapper)
+    try:
+        sandbox = choose_sandbox(args.sandbox, workdir=workdir, readable=[sys.prefix, *visible])
+    except SandboxError as exc:
+        raise RunSetupError(f"--sandbox bwrap: {exc}") from exc
+    if not args.quiet:
+        print(f"execgate: {sandbox.note}", file=sys.stderr, flush=True)
+    token = Path(args.token_file).read_text().strip() if args.token_file else None
+    async with policy_address(args) as address:
+        policy = GrpcPolicy(address, token=token)
+        try:
+            server = EscalateServer(shell, str(wrapper), policy, launcher=sandbox, extra_env=extra_env)
+            result = await server.exec(
+                " ".join(args.script), workdir, timeout_s=args.timeout, login=args.login,
+                on_output=None if args.json else _stream, labels=labels,
+            )
+        finally:
+            await policy.aclose()
+    if args.json:
+        print(result.to_json())
+    elif result.timed_out:
+        print(f"execgate: timed out after {args.timeout:g} s; killed everything the script started", file=sys.stderr)
+    return result.exit_code

@@ -1,0 +1,274 @@
+"""A session: one sandboxed shell (or one agent) and every exec it makes.
+
+A session owns:
+
+* the ``AF_UNIX SOCK_DGRAM`` socketpair of the handshake. The client end's number is exported as
+  ``CODEX_ESCALATE_SOCKET`` and is inheritable; the caller spawns its shell, then calls
+  :meth:`Session.close_client_socket` so that only the shell holds it.
+* the **fallback socket path** (execgate extension, documented in :mod:`execgate.server.protocol`):
+  a ``SOCK_STREAM`` listener at ``<private dir, 0700>/s`` (mode 0600), exported as
+  ``EXECGATE_SOCKET_PATH``. Programs such as CPython's ``subprocess`` close inherited fds in their
+  children, which would otherwise leave the grandchildren unable to reach the server. Each accepted
+  connection whose peer uid (``SO_PEERCRED``, unix(7)) is the server's uid or root is served exactly
+  like a stream end received in a handshake.
+* every escalated process group it started: closing the session (``async with`` exit,
+  :meth:`Session.close`, or cancellation of the owner) SIGTERMs them, SIGKILLs them after the grace
+  period and reaps the leaders.
+
+Caveat: a group whose leader has exited but whose members still run stays tracked until the session
+closes; its id is signalled then even if, in between, the last member died and the kernel reused the
+id (needs the pid space to wrap around within one session's life).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import socket
+import struct
+import tempfile
+import uuid
+from typing import Callable, Mapping, Union
+
+from execgate.server import protocol as p
+from execgate.server.escalation import Limits, handle_connection
+from execgate.server.fdpass import close_fds, encode_frame, recv_datagram, wait_readable
+from execgate.server.policy import Permissions, Policy, SessionContext
+from execgate.server.spawn import ChildProcess, signal_group
+
+log = logging.getLogger(__name__)
+
+#: Extra env-overlay variables: a mapping, or a callable given the session (after its own overlay
+#: is set) that returns one. E.g. the preload shim adds ``LD_PRELOAD`` and ``EXECGATE_*`` variables.
+ExtraEnv = Union[Mapping[str, str], Callable[["Session"], Mapping[str, str]]]
+
+_UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;} (unix(7))
+
+
+class Session:
+    """One session; create it with :meth:`EscalateServer.start_session` inside a running loop.
+
+    Attributes:
+        context: what the policy sees (session id, labels, sandbox profile).
+        env_overlay: variables to add to the shell's environment: ``CODEX_ESCALATE_SOCKET``,
+            ``EXEC_WRAPPER``, ``EXECGATE_SOCKET_PATH`` and the server's extras.
+        client_fd: the client end of the handshake socketpair (inheritable), or -1 once closed.
+        socket_path: the fallback socket path.
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        wrapper: str,
+        session_id: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        sandbox: Permissions | None = None,
+        extra_env: ExtraEnv | None = None,
+        limits: Limits | None = None,
+        socket_dir: str | None = None,
+    ) -> None:
+        loop = asyncio.get_running_loop()  # RuntimeError before any resource exists
+        self.policy = policy
+        self.limits = limits or Limits()
+        self.context = SessionContext(
+            session_id=session_id or uuid.uuid4().hex, labels=dict(labels or {}), sandbox=sandbox
+        )
+        self._children: set[ChildProcess] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # listeners and bookkeeping
+        self._conns: set[asyncio.Task[None]] = set()  # one per connection being served
+        self._supervising: set[asyncio.Task[None]] = set()  # the subset with an escalated child
+        self._closed = False
+        self._loop = loop
+        self._dir = tempfile.mkdtemp(prefix="execgate-", dir=socket_dir)  # mode 0700 (mkdtemp(3))
+        try:
+            self.socket_path = os.path.join(self._dir, "s")
+            self._listener = _listen(self.socket_path)
+            self._server_sock, client = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        except BaseException:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
+        self._server_sock.setblocking(False)
+        self.client_fd = client.detach()
+        os.set_inheritable(self.client_fd, True)
+        self.env_overlay: dict[str, str] = {
+            p.ESCALATE_SOCKET_ENV_VAR: str(self.client_fd),
+            p.EXEC_WRAPPER_ENV_VAR: os.path.abspath(wrapper),
+            p.SOCKET_PATH_ENV_VAR: self.socket_path,
+        }
+        self.env_overlay.update(extra_env(self) if callable(extra_env) else (extra_env or {}))
+        self._spawn_task(self._serve_handshakes())
+        self._spawn_task(self._serve_fallback())
+
+    @property
+    def session_id(self) -> str:
+        return self.context.session_id
+
+    @property
+    def socket_dir(self) -> str:
+        """The private (0700) directory holding the fallback socket; removed when the session closes."""
+        return self._dir
+
+    @property
+    def children(self) -> frozenset[ChildProcess]:
+        """Escalated processes started and still tracked (see the module caveat)."""
+        return frozenset(self._children)
+
+    def close_client_socket(self) -> None:
+        """Close the server process's copy of the client end (after spawning the shell). Idempotent."""
+        if self.client_fd >= 0:
+            os.close(self.client_fd)
+            self.client_fd = -1
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop serving, kill every escalated process group (TERM, then KILL after
+        ``limits.kill_grace_s``), reap their leaders and remove the fallback socket. Idempotent.
+
+        Children are killed before their connections are dropped, so that each wrapper still gets
+        its child's status (e.g. 143) rather than a broken stream.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        await _cancel(self._tasks)
+        self._server_sock.close()
+        self._listener.close()
+        self.close_client_socket()
+        shutil.rmtree(self._dir, ignore_errors=True)
+        await _cancel(self._conns - self._supervising)
+        await self._kill_children()
+        # Let each supervising connection send its child's status; cancel stragglers.
+        if self._supervising:
+            await asyncio.wait(self._supervising, timeout=1.0)
+        await _cancel(self._conns)
+
+    async def _kill_children(self) -> None:
+        children = list(self._children)
+        self._children.clear()
+        await asyncio.gather(*(c.terminate_group(self.limits.kill_grace_s) for c in children))
+
+    def _spawn_task(self, coro: object, tasks: set[asyncio.Task[None]] | None = None) -> None:
+        bucket = self._tasks if tasks is None else tasks
+        task = self._loop.create_task(coro)  # type: ignore[arg-type]
+        bucket.add(task)
+        task.add_done_callback(bucket.discard)
+
+    async def _serve_handshakes(self) -> None:
+        while True:
+            try:
+                _, fds = await recv_datagram(self._server_sock, max_fds=self.limits.max_fds)
+            except p.ProtocolError as exc:
+                log.warning("session %s: handshake dropped: %s", self.session_id, exc)
+                continue
+            if len(fds) != 1:
+                close_fds(fds)
+                log.warning("session %s: handshake with %d fds dropped", self.session_id, len(fds))
+                continue
+            conn = _stream_socket(fds[0])
+            if conn is None:
+                log.warning("session %s: handshake fd is not a Unix stream socket", self.session_id)
+                continue
+            self._serve(conn)
+
+    async def _serve_fallback(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except BlockingIOError:
+                await wait_readable(self._listener)
+                continue
+            except OSError as exc:  # e.g. EMFILE: back off instead of spinning
+                log.error("session %s: accept failed: %s", self.session_id, exc)
+                await asyncio.sleep(0.1)
+                continue
+            uid = _peer_uid(conn)
+            if uid not in (os.getuid(), 0):
+                log.warning("session %s: fallback peer uid %s refused", self.session_id, uid)
+                conn.close()
+                continue
+            conn.setblocking(False)
+            self._serve(conn)
+
+    def _serve(self, conn: socket.socket) -> None:
+        """Serve ``conn`` (owned from here on) in its own task, within the concurrency limit."""
+        if self._closed:
+            conn.close()
+            return
+        if len(self._conns) >= self.limits.max_concurrent:
+            log.warning("session %s: %d requests in flight, refusing one", self.session_id, len(self._conns))
+            reason = f"too many concurrent requests in this session (limit {self.limits.max_concurrent})"
+            try:
+                conn.send(encode_frame(p.EscalateResponse("Deny", reason=reason).to_json()), socket.MSG_NOSIGNAL)
+            except OSError:
+                pass
+            conn.close()
+            return
+        coro = handle_connection(
+            conn, policy=self.policy, context=self.context, limits=self.limits, on_spawn=self._track
+        )
+        self._spawn_task(coro, self._conns)
+
+    def _track(self, child: ChildProcess) -> None:
+        # Called from the connection's own task right after the spawn, never after close() began:
+        # close() cancels every connection without a child before it looks at the children.
+        self._children.add(child)
+        task = asyncio.current_task()
+        if task is not None:
+            self._supervising.add(task)
+            task.add_done_callback(self._supervising.discard)
+        self._spawn_task(self._untrack_when_gone(child))
+
+    async def _untrack_when_gone(self, child: ChildProcess) -> None:
+        await child.wait()
+        if not signal_group(child.pgid, 0):  # leader reaped and no member left
+            self._children.discard(child)
+
+
+async def _cancel(tasks: set[asyncio.Task[None]]) -> None:
+    pending = list(tasks)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _listen(path: str) -> socket.socket:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+        os.chmod(path, 0o600)  # the 0700 directory already keeps others out during the gap
+        listener.listen(64)
+        listener.setblocking(False)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
+
+
+def _peer_uid(conn: socket.socket) -> int | None:
+    try:
+        _, uid, _ = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    except OSError:
+        return None
+    return uid
+
+
+def _stream_socket(fd: int) -> socket.socket | None:
+    """Wrap a received fd if it is an ``AF_UNIX SOCK_STREAM`` socket; otherwise close it."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        os.close(fd)
+        return None
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+        sock.close()
+        return None
+    sock.setblocking(False)
+    return sock

@@ -1,0 +1,200 @@
+"""The client side of the escalation protocol, byte for byte, for both execve wrappers (Python and
+native), against a server driven step by step over real sockets (tests/native_support.RawPeer)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from native_support import RawPeer, raw_frame, read_raw_frame, write_frame
+
+VECTORS = Path(__file__).resolve().parents[2].parent / "shared" / "vectors" / "protocol.json"
+if not VECTORS.is_file():  # a worktree: shared/ sits beside the worktrees' parent
+    VECTORS = Path("/work/shared/vectors/protocol.json")
+
+
+def vector(name: str) -> bytes:
+    frames = json.loads(VECTORS.read_text())["frames"]
+    return bytes.fromhex(next(f["frame_hex"] for f in frames if f["name"] == name))
+
+
+@pytest.fixture
+def peer(tmp_path: Path):
+    p = RawPeer(tmp_path)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def finish(proc: subprocess.Popen[bytes], timeout: float = 20) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out.decode(), err.decode()
+
+
+def test_request_frame_is_byte_exact(peer: RawPeer, wrapper_path: str, wrapper_kind: str) -> None:
+    env = {"A": "1", **peer.overlay(wrapper_path)}
+    proc = peer.spawn(wrapper_path, ["/bin/echo", "echo", "hi"], env, cwd="/tmp")
+    with peer.accept_handshake() as stream:
+        frame, fds = read_raw_frame(stream)
+        stream.sendall(vector("response_deny_reason"))
+    code, out, err = finish(proc)
+    request = json.loads(frame[4:])
+    assert fds == [] and struct.unpack("<I", frame[:4])[0] == len(frame) - 4
+    assert request["file"] == "/bin/echo" and request["argv"] == ["echo", "hi"] and request["workdir"] == "/tmp"
+    assert "CODEX_ESCALATE_SOCKET" not in request["env"] and "EXEC_WRAPPER" not in request["env"]
+    if wrapper_kind == "native":  # the Python interpreter may add LC_CTYPE (PEP 538) to its env
+        assert frame == vector("escalate_request")
+    assert (code, out, err) == (1, "", "Execution denied: Execution forbidden by policy\n")
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [("response_deny_reason", "Execution denied: Execution forbidden by policy\n"), ("response_deny_null", "Execution denied\n")],
+)
+def test_deny(peer: RawPeer, wrapper_path: str, answer: str, message: str) -> None:
+    proc = peer.spawn(wrapper_path, ["/bin/echo", "echo", "must-not-run"], peer.overlay(wrapper_path))
+    with peer.accept_handshake() as stream:
+        read_raw_frame(stream)
+        stream.sendall(vector(answer))
+    assert finish(proc) == (1, "", message)
+
+
+def test_run_execs_in_place_keeping_the_inherited_socket(peer: RawPeer, wrapper_path: str) -> None:
+    script = 'echo "run-ok $0 $1"; [ -S /proc/$$/fd/$CODEX_ESCALATE_SOCKET ] && echo socket-kept'
+    proc = peer.spawn(wrapper_path, ["/bin/sh", "sh", "-c", script, "zero", "arg1"], peer.overlay(wrapper_path))
+    with peer.accept_handshake() as stream:
+        read_raw_frame(stream)
+        stream.sendall(vector("response_run"))
+    code, out, _ = finish(proc)
+    assert (code, out) == (0, "run-ok zero arg1\nsocket-kept\n")
+
+
+def test_unknown_fields_and_any_spacing_are_accepted(peer: RawPeer, wrapper_path: str) -> None:
+    answer = b' { "extra" : [1, {"a": null, "b": "\\u00e9\\"]"}], "action" :\n"Run", "z": -1.5e3 } '
+    proc = peer.spawn(wrapper_path, ["/bin/echo", "echo", "ran"], peer.overlay(wrapper_path))
+    with peer.accept_handshake() as stream:
+        read_raw_frame(stream)
+        stream.sendall(raw_frame(answer))
+    assert finish(proc)[:2] == (0, "ran\n")
+
+
+def test_escalate_passes_stdio_and_exits_with_the_status(peer: RawPeer, wrapper_path: str) -> None:
+    proc = peer.spawn(wrapper_path, ["/bin/echo", "echo", "x"], peer.overlay(wrapper_path))
+    with peer.accept_handshake() as stream:
+        read_raw_frame(stream)
+        stream.sendall(vector("response_escalate"))
+        frame, fds = read_raw_frame(stream)
+        try:
+            assert frame == vector("super_exec_message") and len(fds) == 3
+            os.write(fds[1], b"escalated-out\n")
+            os.write(fds[2], b"escalated-err\n")
+        finally:
+            for fd in fds:
+                os.close(fd)
+        stream.sendall(vector("super_exec_result"))
+    assert finish(proc) == (42, "escalated-out\n", "escalated-err\n")
+
+
+def test_signals_are_forwarded_when_the_server_offers_it(peer: RawPeer, wrapper_path: str) -> None:
+    proc = peer.spawn(wrapper_path, ["/bin/sleep", "sleep", "100"], peer.overlay(wrapper_path))
+    with peer.accept_handshake() as stream:
+        read_raw_frame(stream)
+        write_frame(stream, {"action": "Escalate", "execgate_signals": True})
+        _, fds = read_raw_frame(stream)
+        for fd in fds:
+            os.close(fd)
+        time.sleep(0.3)  # the Python wrapper installs its handlers after sending the fds
+        proc.send_signal(signal.SIGTERM)
+        frame, _ = read_raw_frame(stream)
+        assert json.loads(frame[4:]) == {"signal": signal.SIGTERM}
+        write_frame(stream, {"exit_code": 128 + signal.SIGTERM})
+    assert finish(proc)[0] == 128 + signal.SIGTERM
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        raw_frame(b"not json"),
+        raw_frame(b'{"action":"Launch"}'),
+        raw_frame(b"[]"),
+        raw_frame(b'{"action":{"Deny":{"reason":5}}}'),
+        raw_frame(b'{"action":"Run"} x'),
+        raw_frame(b'{"action":"Run'),
+        raw_frame(b'{"action":"R\\qun"}'),
+        raw_frame(b'{"a":' + b"[" * 100_000 + b'], "action":"Run"}'),
+        struct.pack("<I", (1 << 20) + 1),
+        b"",
+    ],
+    ids=[
+        "not-json", "unknown-action", "not-object", "bad-reason", "trailing-garbage", "unterminated",
+        "bad-escape", "deep-nesting", "oversized", "eof",
+    ],
+)
+def test_broken_answers_fail_closed(peer: RawPeer, wrapper_path: str, wrapper_kind: str, answer: bytes) -> None:
+    if wrapper_kind == "python" and len(answer) > 100_000:
+        # Reported to core: protocol.decode_json lets json's RecursionError escape (a traceback,
+        # status 1: still closed, but not the one-line failure).
+        pytest.xfail("execgate.server.protocol.decode_json does not catch RecursionError")
+    proc = peer.spawn(wrapper_path, ["/bin/echo", "echo", "must-not-run"], peer.overlay(wrapper_path))
+    with peer.accept_handshake() as stream:
+        read_raw_frame(stream)
+        stream.sendall(answer)
+    code, out, err = finish(proc)
+    assert code == 126 and out == ""
+    assert err.startswith("execgate-wrapper: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("fd_state", ["unset", "closed", "not-a-socket"])
+def test_fallback_path_when_the_inherited_fd_is_gone(peer: RawPeer, wrapper_path: str, fd_state: str) -> None:
+    env = peer.overlay(wrapper_path, fd=False, path=True)
+    if fd_state == "closed":
+        env["CODEX_ESCALATE_SOCKET"] = "987"
+    elif fd_state == "not-a-socket":
+        env["CODEX_ESCALATE_SOCKET"] = "0"  # /dev/null
+    proc = peer.spawn(wrapper_path, ["/bin/echo", "echo", "via-fallback"], env)
+    with peer.accept_fallback() as conn:
+        frame, _ = read_raw_frame(conn)
+        assert json.loads(frame[4:])["argv"] == ["echo", "via-fallback"]
+        conn.sendall(vector("response_run"))
+    assert finish(proc)[:2] == (0, "via-fallback\n")
+
+
+def test_no_server_at_all_fails_closed(peer: RawPeer, wrapper_path: str) -> None:
+    env = {"EXEC_WRAPPER": wrapper_path, "CODEX_ESCALATE_SOCKET": "987", "EXECGATE_SOCKET_PATH": "/nonexistent/s"}
+    code, out, err = finish(peer.spawn(wrapper_path, ["/bin/echo", "echo", "must-not-run"], env))
+    assert code == 126 and out == ""
+    assert err.startswith("execgate-wrapper: cannot reach the escalation server") and err.count("\n") == 1
+
+
+def test_json_string_escaping_round_trips(peer: RawPeer, wrapper_path: str) -> None:
+    tricky = ['q"uote', "back\\slash", "new\nline\ttab\r", "\x01\x1f\x7f", "é漢😀", "/", ""]
+    proc = peer.spawn(wrapper_path, ["/bin/true", *tricky], {"K\x02": "v\"\\", **peer.overlay(wrapper_path)})
+    with peer.accept_handshake() as stream:
+        frame, _ = read_raw_frame(stream)
+        stream.sendall(vector("response_deny_null"))
+    finish(proc)
+    request = json.loads(frame[4:].decode("utf-8"))
+    assert request["argv"] == tricky and request["env"]["K\x02"] == 'v"\\'
+
+
+def test_non_utf8_bytes_use_surrogateescape(peer: RawPeer, wrapper_path: str, wrapper_kind: str) -> None:
+    if wrapper_kind == "python":
+        pytest.skip("the encoding of non-UTF-8 bytes is documented for the native wrapper")
+    raw = [b"\xff\xfe", b"ok\xc3", b"\xed\xa0\x80", b"\xc3\xa9"]  # invalid, truncated, surrogate, valid
+    proc = peer.spawn(wrapper_path, [b"/bin/true", *raw], peer.overlay(wrapper_path))
+    with peer.accept_handshake() as stream:
+        frame, _ = read_raw_frame(stream)
+        stream.sendall(vector("response_deny_null"))
+    finish(proc)
+    payload = frame[4:]
+    payload.decode("utf-8")  # the frame itself is valid UTF-8
+    assert b"\\udcff\\udcfe" in payload
+    assert [os.fsencode(a) for a in json.loads(payload)["argv"]] == raw

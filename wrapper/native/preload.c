@@ -1,0 +1,790 @@
+/*
+ * preload.c — execgate's LD_PRELOAD shim: every exec-family call and posix_spawn/posix_spawnp of a
+ * dynamically linked process becomes an exec of the session's execve wrapper (EXEC_WRAPPER) with
+ * argv [WRAPPER, RESOLVED_FILE, ARGV0, ARGV1, ...], exactly as a shell patched for Codex's
+ * shell-escalation protocol would do (DESIGN.md §2, §6). The wrapper asks the escalation server
+ * and runs, escalates or denies the program.
+ *
+ * Why a shim: stock shells (bash, dash, zsh), make, xargs, find, Python and Perl call libc's exec
+ * functions; interposing them gates every launcher without patching any of them.
+ *
+ * How:
+ *  - A constructor captures execgate's variables at load into static buffers; the environment
+ *    handed on is the caller's plus those variables wherever the caller dropped them (env -i,
+ *    subprocess.run(env={}), unset LD_PRELOAD), so descendants stay gated.
+ *  - PATH search, the ENOEXEC fallback to /bin/sh and every errno follow glibc's execvpe and
+ *    posix_spawnp; the shim checks existence, file type and X_OK (and a #! interpreter's existence)
+ *    before handing over, so a caller sees ENOENT/EACCES/ENOEXEC exactly as without execgate.
+ *  - The wrapper process gets EXECGATE_IN_WRAPPER=1; the shim loaded in it removes the variable at
+ *    load and passes that process's own exec straight to the kernel, so the final exec of the
+ *    program is never intercepted again (the native wrapper also uses the raw syscall). An exec of
+ *    EXEC_WRAPPER itself (a Codex-patched shell) is likewise not wrapped twice.
+ *  - EXECGATE_DEPTH counts gated execs along the ancestry; past EXECGATE_MAX_DEPTH the exec is
+ *    refused, so a misconfiguration loops into a denial, never a fork bomb.
+ *  - The exec path may run in a vfork child (CPython's subprocess): no heap, no stdio, no locks;
+ *    only stack buffers (variable-length arrays, as glibc's execl does), static data captured at
+ *    load and raw write(2) for messages.
+ *
+ * Limits (see README.md beside this file): statically linked and setuid/setgid programs do not load
+ * the shim (the exec *of* them is decided, what they exec is not); libc-internal spawns (glibc's
+ * system() and popen()) bypass symbol interposition (the /bin/sh they start is gated, so are its
+ * execs); raw execve syscalls are not seen. Posix_spawn file actions that change directory
+ * (posix_spawn_file_actions_addchdir_np) make the pre-checks run against the parent's directory.
+ * A file format registered through binfmt_misc disables the ENOEXEC pre-check (the kernel decides).
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h> /* snprintf at load time only */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "execgate.h"
+
+extern char **environ;
+
+typedef int (*eg_spawn_fn)(pid_t *, const char *, const posix_spawn_file_actions_t *,
+                           const posix_spawnattr_t *, char *const[], char *const[]);
+
+#define EG_SAVED_MAX 16
+/* eg_try's result when the exec was refused outright (no wrapper, depth limit): a PATH search
+ * stops there instead of trying (and reporting) every further candidate. */
+#define EG_STOP (-2)
+
+static int eg_ready;                   /* eg_init() has run */
+static int eg_passthrough;             /* this process is the wrapper: do not gate again */
+static char eg_wrapper[PATH_MAX];      /* EXEC_WRAPPER; "" when not configured */
+static struct stat eg_wrapper_st;      /* identity of EXEC_WRAPPER */
+static int eg_wrapper_st_ok;
+static char eg_self[PATH_MAX];         /* path of this library, as loaded */
+static char eg_preload_entry[PATH_MAX + 16]; /* "LD_PRELOAD=<eg_self>" */
+static char eg_depth_entry[48];        /* "EXECGATE_DEPTH=<depth + 1>" */
+static long eg_depth, eg_max_depth;
+static int eg_binfmt_misc;             /* binfmt_misc has registered formats */
+static char eg_pool[16384];            /* storage of eg_saved */
+static const char *eg_saved[EG_SAVED_MAX]; /* "NAME=value" entries restored where missing */
+static int eg_nsaved;
+static eg_spawn_fn eg_real_posix_spawn;
+static char eg_in_wrapper_entry[] = EG_ENV_IN_WRAPPER "=1";
+
+/* ---- load-time capture (not on the exec path: may use libc freely) ------------------------- */
+
+static void eg_save(const char *entry)
+{
+    static size_t used;
+    size_t n = strlen(entry) + 1;
+    if (eg_nsaved >= EG_SAVED_MAX || n > sizeof eg_pool - used)
+        return;
+    memcpy(eg_pool + used, entry, n);
+    eg_saved[eg_nsaved++] = eg_pool + used;
+    used += n;
+}
+
+static int eg_is_saved_name(const char *entry)
+{
+    if (eg_env_is(entry, EG_ENV_DEPTH) || eg_env_is(entry, EG_ENV_IN_WRAPPER) ||
+        eg_env_is(entry, EG_ENV_SOCKET_ID))
+        return 0;
+    return eg_env_is(entry, EG_ENV_SOCKET) || eg_env_is(entry, EG_ENV_WRAPPER) ||
+           strncmp(entry, EG_ENV_PREFIX, sizeof EG_ENV_PREFIX - 1) == 0;
+}
+
+/* "<fd>:<inode>" of the inherited socket, so that a reused fd number is recognised later. */
+static void eg_capture_socket_id(void)
+{
+    const char *id = getenv(EG_ENV_SOCKET_ID);
+    long fd = eg_parse_ulong(getenv(EG_ENV_SOCKET));
+    char entry[96], num[24];
+    struct stat st;
+    if (id != NULL) {
+        const char *colon = strchr(id, ':');
+        char fdpart[24];
+        size_t n = colon ? (size_t)(colon - id) : 0;
+        if (colon && n < sizeof fdpart) {
+            memcpy(fdpart, id, n);
+            fdpart[n] = '\0';
+            if (eg_parse_ulong(fdpart) == fd || fd < 0) {
+                snprintf(entry, sizeof entry, "%s=%s", EG_ENV_SOCKET_ID, id);
+                eg_save(entry);
+                return;
+            }
+        }
+    }
+    if (fd < 0 || !eg_socket_fd_valid((int)fd, NULL) || fstat((int)fd, &st) != 0)
+        return;
+    snprintf(entry, sizeof entry, "%s=%ld:%s", EG_ENV_SOCKET_ID, fd,
+             eg_format_ulong(num, (unsigned long)st.st_ino));
+    eg_save(entry);
+}
+
+/* Does binfmt_misc know formats beyond the kernel's own (then the kernel, not us, says ENOEXEC)? */
+static int eg_detect_binfmt_misc(void)
+{
+    char buf[4096];
+    int found = 0;
+    int fd = open("/proc/sys/fs/binfmt_misc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    long n;
+    if (fd < 0)
+        return 0;
+    while (!found && (n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
+        for (long off = 0; off < n;) {
+            struct dirent64 *d = (struct dirent64 *)(buf + off);
+            if (strcmp(d->d_name, ".") && strcmp(d->d_name, "..") &&
+                strcmp(d->d_name, "register") && strcmp(d->d_name, "status"))
+                found = 1;
+            off += d->d_reclen;
+        }
+    }
+    close(fd);
+    return found;
+}
+
+static void eg_init(void)
+{
+    Dl_info info;
+    const char *w;
+    if (eg_ready)
+        return;
+    if (getenv(EG_ENV_IN_WRAPPER) != NULL) {
+        eg_passthrough = 1;
+        unsetenv(EG_ENV_IN_WRAPPER);
+    }
+    w = getenv(EG_ENV_WRAPPER);
+    if (w != NULL && strlen(w) < sizeof eg_wrapper) {
+        strcpy(eg_wrapper, w);
+        eg_wrapper_st_ok = stat(eg_wrapper, &eg_wrapper_st) == 0;
+    }
+    if (dladdr((void *)eg_init, &info) != 0 && info.dli_fname != NULL &&
+        strlen(info.dli_fname) < sizeof eg_self)
+        strcpy(eg_self, info.dli_fname);
+    snprintf(eg_preload_entry, sizeof eg_preload_entry, "LD_PRELOAD=%s", eg_self);
+    eg_depth = eg_parse_ulong(getenv(EG_ENV_DEPTH));
+    if (eg_depth < 0)
+        eg_depth = 0;
+    eg_max_depth = eg_parse_ulong(getenv(EG_ENV_MAX_DEPTH));
+    if (eg_max_depth < 0)
+        eg_max_depth = EG_DEFAULT_MAX_DEPTH;
+    snprintf(eg_depth_entry, sizeof eg_depth_entry, "%s=%ld", EG_ENV_DEPTH, eg_depth + 1);
+    for (char **e = environ; e != NULL && *e != NULL; e++)
+        if (eg_is_saved_name(*e))
+            eg_save(*e);
+    eg_capture_socket_id();
+    eg_binfmt_misc = eg_detect_binfmt_misc();
+    eg_real_posix_spawn = (eg_spawn_fn)dlsym(RTLD_NEXT, "posix_spawn");
+    eg_ready = 1;
+}
+
+__attribute__((constructor)) static void eg_constructor(void)
+{
+    eg_init();
+}
+
+/* ---- exec path helpers: no heap, no stdio, no locks ---------------------------------------- */
+
+static int eg_raw_execve(const char *path, char *const argv[], char *const envp[])
+{
+    return (int)syscall(SYS_execve, path, argv, envp);
+}
+
+static size_t eg_count(char *const v[])
+{
+    size_t n = 0;
+    while (v != NULL && v[n] != NULL)
+        n++;
+    return n;
+}
+
+static void eg_complain(const char *what, const char *file, int err)
+{
+    const char *name = strerrorname_np(err);
+    const char *parts[] = {"execgate: ", what, file, " (", name ? name : "error", ")", NULL};
+    eg_write_err(parts);
+}
+
+/* Is TOKEN one of the ':'/' '-separated entries of LIST? */
+static int eg_list_has(const char *list, const char *token)
+{
+    size_t n = strlen(token);
+    if (n == 0)
+        return 0;
+    for (const char *p = list; *p;) {
+        size_t k = strcspn(p, ": ");
+        if (k == n && strncmp(p, token, n) == 0)
+            return 1;
+        p += k;
+        if (*p)
+            p++;
+    }
+    return 0;
+}
+
+static const char *eg_find_preload(char *const envp[])
+{
+    for (size_t i = 0; envp != NULL && envp[i] != NULL; i++)
+        if (eg_env_is(envp[i], "LD_PRELOAD"))
+            return envp[i];
+    return NULL;
+}
+
+/* Bytes a merged "LD_PRELOAD=<self>:<theirs>" entry needs. */
+static size_t eg_preload_cap(char *const envp[])
+{
+    const char *p = eg_find_preload(envp);
+    return strlen(eg_self) + (p ? strlen(p) : 0) + 16;
+}
+
+/*
+ * Fill OUT (room for eg_count(ENVP) + EG_SAVED_MAX + 4 entries) with the caller's environment
+ * plus execgate's captured variables wherever the caller dropped them, LD_PRELOAD naming this
+ * library, the incremented depth and, when FOR_WRAPPER, the wrapper marker.
+ */
+static void eg_env_build(char **out, char *const envp[], char *pbuf, size_t pcap, int for_wrapper)
+{
+    size_t n = 0;
+    int have[EG_SAVED_MAX] = {0};
+    int have_preload = 0;
+    for (size_t i = 0; envp != NULL && envp[i] != NULL; i++) {
+        const char *e = envp[i];
+        if (eg_env_is(e, EG_ENV_DEPTH) || eg_env_is(e, EG_ENV_IN_WRAPPER))
+            continue;
+        if (eg_env_is(e, "LD_PRELOAD")) {
+            if (have_preload++)
+                continue;
+            if (eg_self[0] == '\0' || eg_list_has(e + 11, eg_self)) {
+                out[n++] = (char *)e;
+            } else if (strlen(eg_self) + strlen(e) + 2 <= pcap) {
+                strcpy(pbuf, eg_preload_entry);
+                strcat(pbuf, ":");
+                strcat(pbuf, e + 11);
+                out[n++] = pbuf;
+            } else {
+                out[n++] = eg_preload_entry;
+            }
+            continue;
+        }
+        for (int k = 0; k < eg_nsaved; k++) {
+            const char *eq = strchr(eg_saved[k], '=');
+            size_t len = (size_t)(eq - eg_saved[k]);
+            if (strncmp(e, eg_saved[k], len) == 0 && e[len] == '=')
+                have[k] = 1;
+        }
+        out[n++] = (char *)e;
+    }
+    for (int k = 0; k < eg_nsaved; k++)
+        if (!have[k])
+            out[n++] = (char *)eg_saved[k];
+    if (!have_preload && eg_self[0] != '\0')
+        out[n++] = eg_preload_entry;
+    out[n++] = eg_depth_entry;
+    if (for_wrapper)
+        out[n++] = eg_in_wrapper_entry;
+    out[n] = NULL;
+}
+
+/* Is PATH the session's wrapper (same string or same file)? */
+static int eg_is_wrapper(const char *path)
+{
+    struct stat st;
+    if (eg_wrapper[0] == '\0')
+        return 0;
+    if (strcmp(path, eg_wrapper) == 0)
+        return 1;
+    return eg_wrapper_st_ok && stat(path, &st) == 0 && st.st_dev == eg_wrapper_st.st_dev &&
+           st.st_ino == eg_wrapper_st.st_ino;
+}
+
+/*
+ * Would the kernel start PATH? Returns 0 or the errno execve(2) would give. *SCRIPT is set when
+ * the file passes every check but has no format the kernel knows (execve would fail ENOEXEC).
+ */
+static int eg_precheck(const char *path, int *script)
+{
+    struct stat st;
+    char buf[256];
+    ssize_t n;
+    int fd;
+    *script = 0;
+    if (path[0] == '\0')
+        return ENOENT;
+    if (stat(path, &st) != 0)
+        return errno;
+    if (access(path, X_OK) != 0)
+        return errno;
+    if (!S_ISREG(st.st_mode))
+        return EACCES;
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0)
+        return 0; /* execute-only file: only the kernel can tell */
+    do
+        n = read(fd, buf, sizeof buf - 1);
+    while (n < 0 && errno == EINTR);
+    close(fd);
+    if (n >= 4 && memcmp(buf, "\177ELF", 4) == 0)
+        return 0;
+    if (n >= 2 && buf[0] == '#' && buf[1] == '!') {
+        /* A missing interpreter makes execve fail with ENOENT (shells say "bad interpreter"). */
+        char *p = buf + 2, *end;
+        buf[n] = '\0';
+        while (*p == ' ' || *p == '\t')
+            p++;
+        end = p + strcspn(p, " \t\n");
+        *end = '\0';
+        if (*p != '\0' && access(p, F_OK) != 0 && errno == ENOENT)
+            return ENOENT;
+        return 0;
+    }
+    if (eg_binfmt_misc)
+        return 0;
+    *script = 1;
+    return ENOEXEC;
+}
+
+/*
+ * Exec the wrapper for FILE: argv [WRAPPER, FILE, ARGV...], or for a script without a format
+ * (SCRIPT) [WRAPPER, /bin/sh, /bin/sh, FILE, ARGV[1]...] as glibc's execvp runs it. Returns -1
+ * (errno EACCES) only when the wrapper cannot be started; the reason goes to stderr.
+ */
+static int eg_exec_wrapper(const char *file, char *const argv[], char *const envp[], int script)
+{
+    size_t argc = eg_count(argv), envc = eg_count(envp), pcap = eg_preload_cap(envp), n = 0;
+    char *nargv[argc + 5];
+    char *nenv[envc + EG_SAVED_MAX + 4];
+    char pbuf[pcap];
+    if (eg_depth >= eg_max_depth) {
+        eg_complain("exec depth limit reached, refusing to exec ", file, ELOOP);
+        errno = EACCES;
+        return EG_STOP;
+    }
+    nargv[n++] = eg_wrapper;
+    if (script) {
+        nargv[n++] = (char *)EG_BSHELL;
+        nargv[n++] = (char *)EG_BSHELL;
+        nargv[n++] = (char *)file;
+        for (size_t i = 1; i < argc; i++)
+            nargv[n++] = argv[i];
+    } else {
+        nargv[n++] = (char *)file;
+        for (size_t i = 0; i < argc; i++)
+            nargv[n++] = argv[i];
+    }
+    nargv[n] = NULL;
+    eg_env_build(nenv, envp, pbuf, pcap, 1);
+    eg_raw_execve(eg_wrapper, nargv, nenv);
+    eg_complain("cannot execute the exec wrapper ", eg_wrapper, errno);
+    errno = EACCES;
+    return EG_STOP;
+}
+
+/* Exec the wrapper itself (a Codex-patched shell honouring EXEC_WRAPPER): not wrapped twice. */
+static int eg_exec_wrapper_direct(const char *path, char *const argv[], char *const envp[])
+{
+    size_t envc = eg_count(envp), pcap = eg_preload_cap(envp);
+    char *nenv[envc + EG_SAVED_MAX + 4];
+    char pbuf[pcap];
+    eg_env_build(nenv, envp, pbuf, pcap, 1);
+    return eg_raw_execve(path, argv, nenv);
+}
+
+/* Gate one exec attempt of PATH; returns only on failure, with errno as execve would set it:
+ * -1, or EG_STOP when execgate itself refused the exec. */
+static int eg_try(const char *path, char *const argv[], char *const envp[], int exec_script)
+{
+    int script, err;
+    if (eg_passthrough) {
+        eg_raw_execve(path, argv, envp);
+        if (errno == ENOEXEC && exec_script) {
+            size_t argc = eg_count(argv), n = 0;
+            char *nargv[argc + 3];
+            nargv[n++] = (char *)EG_BSHELL;
+            nargv[n++] = (char *)path;
+            for (size_t i = 1; i < argc; i++)
+                nargv[n++] = argv[i];
+            nargv[n] = NULL;
+            eg_raw_execve(EG_BSHELL, nargv, envp);
+        }
+        return -1;
+    }
+    if (eg_wrapper[0] == '\0') {
+        eg_complain("EXEC_WRAPPER is not set; refusing to exec ", path, EACCES);
+        errno = EACCES;
+        return EG_STOP;
+    }
+    if (eg_is_wrapper(path))
+        return eg_exec_wrapper_direct(path, argv, envp);
+    err = eg_precheck(path, &script);
+    if (script && exec_script)
+        return eg_exec_wrapper(path, argv, envp, 1);
+    if (err != 0) {
+        errno = err;
+        return -1;
+    }
+    return eg_exec_wrapper(path, argv, envp, 0);
+}
+
+/* glibc's __execvpe_common (posix/execvpe.c), with each execve replaced by eg_try. */
+static int eg_execvpe_common(const char *file, char *const argv[], char *const envp[],
+                             int exec_script)
+{
+    const char *path, *p, *subp;
+    size_t file_len, path_len;
+    int got_eacces = 0;
+    if (file == NULL || *file == '\0') {
+        errno = ENOENT;
+        return -1;
+    }
+    if (strchr(file, '/') != NULL)
+        return eg_try(file, argv, envp, exec_script) < 0 ? -1 : 0;
+    path = getenv("PATH");
+    if (path == NULL)
+        path = EG_DEFAULT_PATH;
+    file_len = strnlen(file, NAME_MAX) + 1;
+    path_len = strnlen(path, PATH_MAX - 1) + 1;
+    if (file_len - 1 > NAME_MAX) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    char buffer[path_len + file_len + 1];
+    for (p = path;; p = subp) {
+        subp = strchrnul(p, ':');
+        if ((size_t)(subp - p) >= path_len) {
+            if (*subp == '\0')
+                break;
+            continue;
+        }
+        memcpy(buffer, p, (size_t)(subp - p));
+        buffer[subp - p] = '/';
+        memcpy(buffer + (subp - p) + (p < subp), file, file_len);
+        if (eg_try(buffer, argv, envp, exec_script) == EG_STOP)
+            return -1;
+        switch (errno) {
+        case EACCES:
+            got_eacces = 1;
+            /* fall through */
+        case ENOENT:
+        case ESTALE:
+        case ENOTDIR:
+        case ENODEV:
+        case ETIMEDOUT:
+            break;
+        default:
+            return -1;
+        }
+        if (*subp++ == '\0')
+            break;
+    }
+    if (got_eacces)
+        errno = EACCES;
+    return -1;
+}
+
+/* ---- posix_spawn ----------------------------------------------------------------------------- */
+
+static eg_spawn_fn eg_spawn_real(void)
+{
+    if (eg_real_posix_spawn == NULL)
+        eg_real_posix_spawn = (eg_spawn_fn)dlsym(RTLD_NEXT, "posix_spawn");
+    return eg_real_posix_spawn;
+}
+
+/* Spawn the wrapper for the already checked PATH, with the caller's file actions and attributes. */
+static int eg_spawn_gated(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
+                          const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
+{
+    size_t argc = eg_count(argv), envc = eg_count(envp), pcap = eg_preload_cap(envp), n = 0;
+    char *nargv[argc + 3];
+    char *nenv[envc + EG_SAVED_MAX + 4];
+    char pbuf[pcap];
+    eg_spawn_fn real = eg_spawn_real();
+    if (real == NULL)
+        return ENOSYS;
+    if (eg_wrapper[0] == '\0') {
+        eg_complain("EXEC_WRAPPER is not set; refusing to spawn ", path, EACCES);
+        return EACCES;
+    }
+    eg_env_build(nenv, envp, pbuf, pcap, 1);
+    if (eg_is_wrapper(path))
+        return real(pid, path, fa, attr, argv, nenv);
+    if (eg_depth >= eg_max_depth) {
+        eg_complain("exec depth limit reached, refusing to spawn ", path, ELOOP);
+        return EACCES;
+    }
+    nargv[n++] = eg_wrapper;
+    nargv[n++] = (char *)path;
+    for (size_t i = 0; i < argc; i++)
+        nargv[n++] = argv[i];
+    nargv[n] = NULL;
+    return real(pid, eg_wrapper, fa, attr, nargv, nenv);
+}
+
+/* Check PATH as execve would, then spawn; posix_spawn has no ENOEXEC fallback (glibc >= 2.15). */
+static int eg_spawn_one(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
+                        const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
+{
+    int script;
+    int err = eg_is_wrapper(path) ? 0 : eg_precheck(path, &script);
+    if (err != 0)
+        return err;
+    return eg_spawn_gated(pid, path, fa, attr, argv, envp);
+}
+
+/* int posix_spawn(pid_t *restrict pid, const char *restrict path,
+ *                 const posix_spawn_file_actions_t *file_actions,
+ *                 const posix_spawnattr_t *restrict attrp,
+ *                 char *const argv[restrict], char *const envp[restrict]); */
+__attribute__((visibility("default"))) int posix_spawn(pid_t *pid, const char *path,
+                                                     const posix_spawn_file_actions_t *fa,
+                                                     const posix_spawnattr_t *attr,
+                                                     char *const argv[], char *const envp[])
+{
+    eg_init();
+    if (eg_passthrough)
+        return eg_spawn_real() ? eg_spawn_real()(pid, path, fa, attr, argv, envp) : ENOSYS;
+    return eg_spawn_one(pid, path, fa, attr, argv, envp);
+}
+
+/* int posix_spawnp(pid_t *restrict pid, const char *restrict file,
+ *                  const posix_spawn_file_actions_t *file_actions,
+ *                  const posix_spawnattr_t *restrict attrp,
+ *                  char *const argv[restrict], char *const envp[restrict]);
+ * PATH comes from the caller's environment, not ENVP (as in glibc). */
+__attribute__((visibility("default"))) int posix_spawnp(pid_t *pid, const char *file,
+                                                      const posix_spawn_file_actions_t *fa,
+                                                      const posix_spawnattr_t *attr,
+                                                      char *const argv[], char *const envp[])
+{
+    const char *path, *p, *subp;
+    int got_eacces = 0, err = ENOENT;
+    eg_init();
+    if (file == NULL || *file == '\0')
+        return ENOENT;
+    if (eg_passthrough || strchr(file, '/') != NULL) {
+        if (eg_passthrough) {
+            typedef int (*fn)(pid_t *, const char *, const posix_spawn_file_actions_t *,
+                              const posix_spawnattr_t *, char *const[], char *const[]);
+            fn real = (fn)dlsym(RTLD_NEXT, "posix_spawnp");
+            return real ? real(pid, file, fa, attr, argv, envp) : ENOSYS;
+        }
+        return eg_spawn_one(pid, file, fa, attr, argv, envp);
+    }
+    path = getenv("PATH");
+    if (path == NULL)
+        path = EG_DEFAULT_PATH;
+    size_t file_len = strnlen(file, NAME_MAX) + 1, path_len = strnlen(path, PATH_MAX - 1) + 1;
+    if (file_len - 1 > NAME_MAX)
+        return ENAMETOOLONG;
+    char buffer[path_len + file_len + 1];
+    for (p = path;; p = subp) {
+        subp = strchrnul(p, ':');
+        if ((size_t)(subp - p) < path_len) {
+            int script;
+            memcpy(buffer, p, (size_t)(subp - p));
+            buffer[subp - p] = '/';
+            memcpy(buffer + (subp - p) + (p < subp), file, file_len);
+            err = eg_is_wrapper(buffer) ? 0 : eg_precheck(buffer, &script);
+            if (err == 0)
+                return eg_spawn_gated(pid, buffer, fa, attr, argv, envp);
+            if (err == EACCES)
+                got_eacces = 1;
+            else if (err != ENOENT && err != ESTALE && err != ENOTDIR && err != ENODEV &&
+                     err != ETIMEDOUT)
+                return err;
+        }
+        if (*subp == '\0')
+            break;
+        subp++;
+    }
+    return got_eacces ? EACCES : err;
+}
+
+/* ---- the exec family ------------------------------------------------------------------------- */
+
+/* int execve(const char *path, char *const argv[], char *const envp[]); */
+__attribute__((visibility("default"))) int execve(const char *path, char *const argv[],
+                                                char *const envp[])
+{
+    eg_init();
+    return eg_try(path, argv, envp, 0) < 0 ? -1 : 0;
+}
+
+/* int execv(const char *path, char *const argv[]); */
+__attribute__((visibility("default"))) int execv(const char *path, char *const argv[])
+{
+    eg_init();
+    return eg_try(path, argv, environ, 0) < 0 ? -1 : 0;
+}
+
+/* int execvp(const char *file, char *const argv[]); */
+__attribute__((visibility("default"))) int execvp(const char *file, char *const argv[])
+{
+    eg_init();
+    return eg_execvpe_common(file, argv, environ, 1);
+}
+
+/* int execvpe(const char *file, char *const argv[], char *const envp[]);  (GNU) */
+__attribute__((visibility("default"))) int execvpe(const char *file, char *const argv[],
+                                                 char *const envp[])
+{
+    eg_init();
+    return eg_execvpe_common(file, argv, envp, 1);
+}
+
+/* Count the variadic arguments of execl/execlp/execle after ARG, up to the NULL. */
+#define EG_COUNT_VARARGS(arg, argc)                                                             \
+    do {                                                                                        \
+        va_list ap_;                                                                            \
+        argc = 0;                                                                               \
+        if ((arg) != NULL) {                                                                    \
+            va_start(ap_, arg);                                                                 \
+            for (argc = 1; va_arg(ap_, const char *) != NULL; argc++)                           \
+                ;                                                                               \
+            va_end(ap_);                                                                        \
+        }                                                                                       \
+    } while (0)
+
+/* int execl(const char *path, const char *arg0, ... (char *)0); */
+__attribute__((visibility("default"))) int execl(const char *path, const char *arg, ...)
+{
+    size_t argc;
+    va_list ap;
+    EG_COUNT_VARARGS(arg, argc);
+    char *argv[argc + 1];
+    va_start(ap, arg);
+    for (size_t i = 0; i < argc; i++)
+        argv[i] = i == 0 ? (char *)arg : va_arg(ap, char *);
+    va_end(ap);
+    argv[argc] = NULL;
+    eg_init();
+    return eg_try(path, argv, environ, 0) < 0 ? -1 : 0;
+}
+
+/* int execlp(const char *file, const char *arg0, ... (char *)0); */
+__attribute__((visibility("default"))) int execlp(const char *file, const char *arg, ...)
+{
+    size_t argc;
+    va_list ap;
+    EG_COUNT_VARARGS(arg, argc);
+    char *argv[argc + 1];
+    va_start(ap, arg);
+    for (size_t i = 0; i < argc; i++)
+        argv[i] = i == 0 ? (char *)arg : va_arg(ap, char *);
+    va_end(ap);
+    argv[argc] = NULL;
+    eg_init();
+    return eg_execvpe_common(file, argv, environ, 1);
+}
+
+/* int execle(const char *path, const char *arg0, ... (char *)0, char *const envp[]); */
+__attribute__((visibility("default"))) int execle(const char *path, const char *arg, ...)
+{
+    size_t argc;
+    va_list ap;
+    char *const *envp;
+    EG_COUNT_VARARGS(arg, argc);
+    char *argv[argc + 1];
+    va_start(ap, arg);
+    for (size_t i = 0; i < argc; i++)
+        argv[i] = i == 0 ? (char *)arg : va_arg(ap, char *);
+    if (argc > 0)
+        (void)va_arg(ap, char *); /* the terminating NULL */
+    envp = va_arg(ap, char *const *);
+    va_end(ap);
+    argv[argc] = NULL;
+    eg_init();
+    return eg_try(path, argv, envp, 0) < 0 ? -1 : 0;
+}
+
+/*
+ * Path of the file open as FD, if it is a named file that still is FD; else "" (memfd, deleted
+ * file, replaced path): such a file has no name a policy could judge.
+ */
+static void eg_fd_path(int fd, char *out, size_t cap)
+{
+    char link[64] = "/proc/self/fd/", num[24];
+    struct stat a, b;
+    ssize_t n;
+    out[0] = '\0';
+    strcat(link, eg_format_ulong(num, (unsigned long)fd));
+    n = readlink(link, out, cap - 1);
+    if (n <= 0 || out[0] != '/') {
+        out[0] = '\0';
+        return;
+    }
+    out[n] = '\0';
+    if (fstat(fd, &a) != 0 || stat(out, &b) != 0 || a.st_dev != b.st_dev || a.st_ino != b.st_ino)
+        out[0] = '\0';
+}
+
+/* int fexecve(int fd, char *const argv[], char *const envp[]);
+ * Gated by the file's path; an unnamed file (memfd, deleted) is refused (EACCES). */
+__attribute__((visibility("default"))) int fexecve(int fd, char *const argv[],
+                                                 char *const envp[])
+{
+    char path[PATH_MAX];
+    struct stat st;
+    eg_init();
+    if (eg_passthrough)
+        return (int)syscall(SYS_execveat, fd, "", argv, envp, AT_EMPTY_PATH);
+    if (fd < 0 || argv == NULL || envp == NULL) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (fstat(fd, &st) != 0)
+        return -1;
+    eg_fd_path(fd, path, sizeof path);
+    if (path[0] == '\0') {
+        eg_complain("cannot gate fexecve of an unnamed file, fd ", "", EACCES);
+        errno = EACCES;
+        return -1;
+    }
+    return eg_try(path, argv, envp, 0) < 0 ? -1 : 0;
+}
+
+/* int execveat(int dirfd, const char *pathname, char *const argv[], char *const envp[],
+ *              int flags);  (Linux) */
+__attribute__((visibility("default"))) int execveat(int dirfd, const char *pathname,
+                                                  char *const argv[], char *const envp[],
+                                                  int flags)
+{
+    char path[PATH_MAX];
+    struct stat st;
+    eg_init();
+    if (eg_passthrough)
+        return (int)syscall(SYS_execveat, dirfd, pathname, argv, envp, flags);
+    if ((flags & AT_EMPTY_PATH) && pathname != NULL && pathname[0] == '\0')
+        return fexecve(dirfd, argv, envp);
+    if (pathname == NULL) {
+        errno = EFAULT;
+        return -1;
+    }
+    if (pathname[0] == '/' || dirfd == AT_FDCWD) {
+        if (strlen(pathname) >= sizeof path) {
+            errno = ENAMETOOLONG;
+            return -1;
+        }
+        strcpy(path, pathname);
+    } else {
+        size_t n;
+        eg_fd_path(dirfd, path, sizeof path);
+        n = strlen(path);
+        if (n == 0 || n + 1 + strlen(pathname) >= sizeof path) {
+            errno = n == 0 ? EBADF : ENAMETOOLONG;
+            return -1;
+        }
+        path[n] = '/';
+        strcpy(path + n + 1, pathname);
+    }
+    if ((flags & AT_SYMLINK_NOFOLLOW) && lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {
+        errno = ELOOP;
+        return -1;
+    }
+    return eg_try(path, argv, envp, 0) < 0 ? -1 : 0;
+}
