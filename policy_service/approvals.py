@@ -1,0 +1,218 @@
+"""Approvals: pending exec requests that wait for a person or a bot (DESIGN.md §4).
+
+A ``prompt`` rule turns a request into an :class:`ApprovalRequest` that every connected approver
+(a subscriber of :meth:`ApprovalBroker.subscribe`) sees. The first answer wins:
+
+- approve once: this request escalates;
+- approve for the session: this request and every later identical one (same session, program and
+  argv) escalate without asking again;
+- deny: denied with the approver's reason.
+
+No answer by the deadline: denied, saying it timed out. No approver connected (after waiting
+``approver_wait_s`` for one): denied at once, saying so. This module knows nothing of gRPC; the
+``Approvals`` servicer is a thin layer over it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Literal, Sequence
+
+from execgate.server.policy import Execution, SessionContext
+
+log = logging.getLogger(__name__)
+
+Verdict = Literal["once", "session", "deny"]
+
+
+class UnknownRequest(KeyError):
+    """Raised by :meth:`ApprovalBroker.resolve` for an id that is not pending (unknown, answered, expired)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    """One exec waiting for an approver.
+
+    Attributes:
+        request_id: unique id to resolve it by.
+        session: the session asking.
+        program: absolute program path.
+        argv: full argv, argv[0] included.
+        workdir: absolute working directory.
+        rule_id: the rule that asked for a prompt ("" for the default).
+        reason: the rule's justification.
+        execution: how the command runs if approved.
+        deadline: ``loop.time()`` (seconds) after which it is denied for lack of an answer.
+    """
+
+    request_id: str
+    session: SessionContext
+    program: str
+    argv: tuple[str, ...]
+    workdir: str
+    rule_id: str
+    reason: str
+    execution: Execution
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalOutcome:
+    """How a prompt ended.
+
+    Attributes:
+        approved: True to escalate.
+        reason: the approver's reason, or why nobody answered.
+        approver: who answered ("" if nobody).
+        for_session: approved for the rest of the session (or by such an earlier approval).
+    """
+
+    approved: bool
+    reason: str
+    approver: str = ""
+    for_session: bool = False
+
+
+@dataclass(slots=True)
+class _Pending:
+    request: ApprovalRequest
+    future: asyncio.Future[ApprovalOutcome]
+
+
+@dataclass(slots=True, eq=False)
+class _Subscriber:
+    queue: asyncio.Queue[ApprovalRequest] = field(default_factory=asyncio.Queue)
+
+
+class ApprovalBroker:
+    """Holds pending requests, connected approvers and per-session grants.
+
+    Args:
+        timeout_s: how long a request waits for an answer, in seconds.
+        approver_wait_s: how long a request waits for a first approver to connect when none is
+            connected, in seconds (0: deny at once).
+
+    All methods must be called from the event loop that runs the service.
+    """
+
+    def __init__(self, *, timeout_s: float = 60.0, approver_wait_s: float = 0.0) -> None:
+        self.timeout_s = timeout_s
+        self.approver_wait_s = approver_wait_s
+        self._pending: dict[str, _Pending] = {}
+        self._subscribers: set[_Subscriber] = set()
+        self._grants: dict[tuple[str, str, tuple[str, ...]], str] = {}
+        self._approver_joined: asyncio.Event | None = None
+
+    @property
+    def approvers(self) -> int:
+        """Number of connected approvers."""
+        return len(self._subscribers)
+
+    def is_pending(self, request_id: str) -> bool:
+        """True while ``request_id`` waits for an answer."""
+        return request_id in self._pending
+
+    def pending(self) -> list[ApprovalRequest]:
+        """Requests waiting now, oldest first."""
+        return [p.request for p in self._pending.values()]
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self) -> AsyncIterator[asyncio.Queue[ApprovalRequest]]:
+        """Connect an approver for the duration of the ``async with``.
+
+        Yields:
+            A queue that receives every request pending at subscription, then each new one.
+        """
+        sub = _Subscriber()
+        for pending in self._pending.values():
+            sub.queue.put_nowait(pending.request)
+        self._subscribers.add(sub)
+        if self._approver_joined is not None:
+            self._approver_joined.set()
+        try:
+            yield sub.queue
+        finally:
+            self._subscribers.discard(sub)
+
+    async def request(
+        self,
+        session: SessionContext,
+        program: str,
+        argv: Sequence[str],
+        workdir: str,
+        *,
+        rule_id: str,
+        reason: str,
+        execution: Execution,
+        timeout_s: float | None = None,
+    ) -> ApprovalOutcome:
+        """Ask the approvers about one exec and wait for the outcome.
+
+        Args:
+            timeout_s: wait at most this long (seconds) instead of the broker's ``timeout_s``
+                (the service passes less when its caller's deadline is nearer).
+
+        Returns:
+            The outcome; never raises for a missing or silent approver.
+        """
+        key = (session.session_id, program, tuple(argv))
+        if key in self._grants:
+            return ApprovalOutcome(True, "approved earlier for this session", self._grants[key], True)
+        loop = asyncio.get_running_loop()
+        timeout = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
+        deadline = loop.time() + timeout
+        if not self._subscribers and not await self._wait_for_approver(min(self.approver_wait_s, timeout)):
+            return ApprovalOutcome(False, "approval required but no approver is connected")
+        request = ApprovalRequest(
+            uuid.uuid4().hex, session, program, tuple(argv), workdir, rule_id, reason, execution, deadline
+        )
+        pending = _Pending(request, loop.create_future())
+        self._pending[request.request_id] = pending
+        for sub in self._subscribers:
+            sub.queue.put_nowait(request)
+        try:
+            async with asyncio.timeout_at(deadline):
+                outcome = await pending.future
+        except TimeoutError:
+            return ApprovalOutcome(False, f"approval timed out after {timeout:g} s with no answer")
+        finally:
+            self._pending.pop(request.request_id, None)
+        if outcome.approved and outcome.for_session:
+            self._grants[key] = outcome.approver
+        return outcome
+
+    async def _wait_for_approver(self, wait_s: float) -> bool:
+        if wait_s <= 0:
+            return False
+        if self._approver_joined is None or self._approver_joined.is_set():
+            self._approver_joined = asyncio.Event()
+        try:
+            async with asyncio.timeout(wait_s):
+                await self._approver_joined.wait()
+        except TimeoutError:
+            return bool(self._subscribers)
+        return True
+
+    def resolve(self, request_id: str, verdict: Verdict, *, reason: str = "", approver: str = "") -> None:
+        """Answer one pending request.
+
+        Raises:
+            UnknownRequest: no such request is pending (unknown, already answered or expired).
+            ValueError: ``verdict`` is not "once", "session" or "deny".
+        """
+        if verdict not in ("once", "session", "deny"):
+            raise ValueError(f"unknown verdict {verdict!r}")
+        pending = self._pending.pop(request_id, None)
+        if pending is None or pending.future.done():
+            raise UnknownRequest(request_id)
+        if verdict == "deny":
+            outcome = ApprovalOutcome(False, reason or "denied by approver", approver)
+        else:
+            text = reason or ("approved for this session" if verdict == "session" else "approved once")
+            outcome = ApprovalOutcome(True, text, approver, verdict == "session")
+        pending.future.set_result(outcome)
+        log.info("approval %s resolved by %s: %s", request_id, approver or "?", verdict)

@@ -1,0 +1,163 @@
+"""``execgate approve``: a terminal approver on the ``Approvals`` stream.
+
+It shows each pending request (program, argv, working directory, session id and labels, the
+rule and its justification, seconds left) and reads one answer line:
+
+- ``y`` — approve once;
+- ``s`` — approve for the session (later identical requests in that session escalate unasked);
+- ``n`` — deny; a second line gives an optional reason (empty: none).
+
+Lines come from stdin, so scripted use works with piped input: ``printf 'y\\nn\\nnot now\\n' |
+execgate approve --policy unix:///run/execgate/policy.sock``. End of input stops the approver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import sys
+import threading
+from typing import TextIO
+
+import grpc
+
+from execgate.v1 import approvals_pb2 as apb
+from execgate.v1 import approvals_pb2_grpc
+
+_KEYS = {
+    "y": apb.VERDICT_APPROVE_ONCE,
+    "s": apb.VERDICT_APPROVE_FOR_SESSION,
+    "n": apb.VERDICT_DENY,
+}
+
+
+class LineReader:
+    """Reads lines of a blocking text stream in a daemon thread, for the event loop.
+
+    A daemon thread (not the loop's executor) so that a pending ``readline`` on a terminal never
+    keeps the process from exiting.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self._eof = asyncio.Event()
+        threading.Thread(target=self._pump, args=(stream,), daemon=True, name="execgate-approve-stdin").start()
+
+    def _pump(self, stream: TextIO) -> None:
+        for line in stream:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, line.rstrip("\n"))
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
+        self._loop.call_soon_threadsafe(self._eof.set)
+
+    @property
+    def exhausted(self) -> bool:
+        """True when input has ended and every line before the end has been read."""
+        return self._eof.is_set() and self._queue.qsize() <= 1
+
+    async def readline(self) -> str | None:
+        """The next line without its newline, or None at end of input."""
+        return await self._queue.get()
+
+
+def describe(pending: apb.PendingApproval) -> str:
+    """The request as shown to the approver (several lines)."""
+    labels = ", ".join(f"{k}={v}" for k, v in sorted(pending.session.labels.items())) or "-"
+    return "\n".join(
+        [
+            f"── approval {pending.request_id[:12]} ({pending.seconds_left:.0f} s left)",
+            f"   program: {pending.target.program}",
+            f"   argv:    {shlex.join(pending.target.argv)}",
+            f"   cwd:     {pending.target.workdir}",
+            f"   session: {pending.session.session_id}  labels: {labels}",
+            f"   rule:    {pending.rule_id or '(default)'} — {pending.reason or 'no justification'}",
+        ]
+    )
+
+
+async def _answer(reader: LineReader, out: TextIO) -> tuple[int, str] | None:
+    """Ask until a valid key; return (verdict, reason), or None at end of input."""
+    while True:
+        out.write("   [y] once  [s] for session  [n] deny > ")
+        out.flush()
+        line = await reader.readline()
+        if line is None:
+            return None
+        key = line.strip().lower()[:1]
+        if key in _KEYS:
+            break
+        out.write("   please answer y, s or n\n")
+    reason = ""
+    if key == "n":
+        out.write("   reason (optional) > ")
+        out.flush()
+        reason = (await reader.readline() or "").strip()
+    return _KEYS[key], reason
+
+
+async def run_approver(
+    channel: grpc.aio.Channel,
+    *,
+    name: str,
+    metadata: tuple[tuple[str, str], ...] = (),
+    stdin: TextIO = sys.stdin,
+    out: TextIO = sys.stdout,
+) -> int:
+    """Answer pending requests from ``stdin`` until end of input or the stream ends.
+
+    End of input while idle stops the approver at once; lines read before it are still used
+    for the requests they answer.
+
+    Returns:
+        0 at end of input or when the service closes the stream; 1 if the stream failed.
+    """
+    reader = LineReader(stdin)
+    busy = asyncio.Event()  # set while a request is being answered
+    serving = asyncio.ensure_future(_serve(channel, reader, busy, name=name, metadata=metadata, out=out))
+    try:
+        while not serving.done():
+            await asyncio.wait({serving}, timeout=0.05)
+            if reader.exhausted and not busy.is_set():
+                return 0
+        return serving.result()
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+
+
+async def _serve(
+    channel: grpc.aio.Channel,
+    reader: LineReader,
+    busy: asyncio.Event,
+    *,
+    name: str,
+    metadata: tuple[tuple[str, str], ...],
+    out: TextIO,
+) -> int:
+    stub = approvals_pb2_grpc.ApprovalsStub(channel)
+    stream = stub.WatchPending(apb.WatchPendingRequest(approver=name), metadata=metadata)
+    out.write(f"execgate approve: watching for pending requests as {name!r}\n")
+    out.flush()
+    try:
+        async for pending in stream:
+            busy.set()
+            out.write(describe(pending) + "\n")
+            answer = await _answer(reader, out)
+            if answer is None:
+                return 0
+            request = apb.ResolveApprovalRequest(
+                request_id=pending.request_id, verdict=answer[0], reason=answer[1], approver=name
+            )
+            try:
+                await stub.ResolveApproval(request, timeout=10, metadata=metadata)
+                out.write("   sent\n")
+            except grpc.aio.AioRpcError as exc:
+                out.write(f"   not sent: {exc.details()}\n")
+            out.flush()
+            busy.clear()
+    except grpc.aio.AioRpcError as exc:
+        print(f"execgate approve: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    finally:
+        stream.cancel()
+    return 0

@@ -1,0 +1,97 @@
+"""The audit log: one JSON line per decision (DESIGN.md §5).
+
+Each line is a JSON object with the keys of :class:`AuditRecord`: ``time`` (RFC 3339, UTC),
+``decision_id``, ``session_id``, ``labels``, ``program``, ``argv``, ``workdir``, ``decision``
+(run / escalate / deny), ``rule_id``, ``reason``, ``approver``, ``latency_ms``, ``error``.
+Lines are appended and flushed one by one, so ``tail -f`` and a crash both see whole lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import IO, Mapping, Sequence
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """One decision, as written to the audit log.
+
+    Attributes:
+        decision_id: the decision's unique id (also sent to the server).
+        session_id: the session that asked.
+        labels: the session's labels.
+        program: absolute program path.
+        argv: full argv, argv[0] included.
+        workdir: absolute working directory.
+        decision: "run", "escalate" or "deny".
+        rule_id: the deciding rule ("" for the configured default).
+        reason: justification, approver's reason or denial text.
+        approver: who resolved a prompt ("" when nobody was asked).
+        latency_ms: time from request to decision, in milliseconds.
+        error: True when the decision is a denial caused by a failure rather than by policy.
+        time: when the decision was made (UTC).
+    """
+
+    decision_id: str
+    session_id: str
+    labels: Mapping[str, str]
+    program: str
+    argv: Sequence[str]
+    workdir: str
+    decision: str
+    rule_id: str
+    reason: str
+    approver: str
+    latency_ms: float
+    error: bool = False
+    time: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))
+
+    def to_json(self) -> str:
+        """The record as one compact JSON line (no trailing newline)."""
+        data = dataclasses.asdict(self)
+        data["time"] = self.time.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        data["labels"] = dict(self.labels)
+        data["argv"] = list(self.argv)
+        data["latency_ms"] = round(self.latency_ms, 3)
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+class AuditLog:
+    """Appends :class:`AuditRecord` lines to a file.
+
+    Args:
+        path: the file, opened for appending (created with mode 0600 if missing).
+
+    Raises:
+        OSError: the file cannot be opened.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._file: IO[str] = os.fdopen(fd, "a", encoding="utf-8")
+        # Handlers run on one event loop, but write() may also be called from executor threads.
+        self._lock = threading.Lock()
+
+    def write(self, record: AuditRecord) -> None:
+        """Append one line and flush it. A write failure is logged, never raised."""
+        line = record.to_json() + "\n"
+        with self._lock:
+            try:
+                self._file.write(line)
+                self._file.flush()
+            except (OSError, ValueError) as exc:
+                log.error("audit log %s: cannot write decision %s: %s", self.path, record.decision_id, exc)
+
+    def close(self) -> None:
+        """Close the file; later writes are logged as failures."""
+        with self._lock:
+            self._file.close()

@@ -1,0 +1,183 @@
+"""``execgate policy serve|check|health`` and ``execgate approve`` (see each parser's help).
+
+``policy check`` comes from :mod:`execgate.policy_service.check` (the rules engine) when present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import getpass
+import importlib
+import logging
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import grpc
+
+from execgate.policy_service.transport import AddressError, TlsFiles, channel_credentials, unix_path
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``policy`` (serve, check, health) and ``approve`` to the ``execgate`` command line."""
+    policy = subparsers.add_parser("policy", help="run or check the policy service")
+    sub = policy.add_subparsers(dest="policy_command", metavar="SUBCOMMAND", required=True)
+    _add_serve(sub)
+    try:
+        check = importlib.import_module("execgate.policy_service.check")
+    except ModuleNotFoundError as exc:
+        if exc.name != "execgate.policy_service.check":
+            raise
+    else:
+        parser = sub.add_parser("check", help="check rules files and evaluate commands against them")
+        check.add_arguments(parser)
+        parser.set_defaults(func=check.run)
+    health = sub.add_parser("health", help="exit 0 if the policy service reports SERVING")
+    _add_client_options(health)
+    health.set_defaults(func=_health)
+    approve = subparsers.add_parser("approve", help="answer pending approvals from this terminal (y/s/n)")
+    _add_client_options(approve)
+    approve.add_argument("--name", default=f"{getpass.getuser()}@{socket.gethostname()}",
+                         help="approver name recorded in the audit log (default: user@host)")
+    approve.set_defaults(func=_approve)
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve EscalationPolicy and Approvals over gRPC")
+    p.add_argument("--listen", required=True, metavar="ADDRESS", help="unix:///path (mode 0600) or host:port")
+    p.add_argument("--rules", nargs="+", action="extend", default=[], metavar="FILE",
+                   help="rules files or directories (.toml, Codex .rules); default: the shipped rules")
+    p.add_argument("--default", choices=("run", "escalate", "prompt", "deny"), default="run",
+                   help="decision for commands no rule matches (default: run)")
+    p.add_argument("--audit-log", metavar="FILE", help="append one JSON line per decision to FILE")
+    p.add_argument("--tls-cert", metavar="PEM", help="server certificate (TCP only)")
+    p.add_argument("--tls-key", metavar="PEM", help="server private key")
+    p.add_argument("--tls-client-ca", metavar="PEM", help="require client certificates signed by this CA")
+    p.add_argument("--token-file", metavar="FILE", help="require 'authorization: Bearer <token in FILE>'")
+    p.add_argument("--approval-timeout", type=float, default=60.0, metavar="S",
+                   help="seconds a prompt waits for an answer before it is denied (default 60)")
+    p.add_argument("--approver-wait", type=float, default=0.0, metavar="S",
+                   help="seconds a prompt waits for an approver to connect when none is (default 0)")
+    p.add_argument("--grace", type=float, default=5.0, metavar="S",
+                   help="on SIGTERM, seconds in-flight calls get to finish (default 5)")
+    p.add_argument("--rules-poll", type=float, default=1.0, metavar="S",
+                   help="seconds between checks of the rules files for changes (default 1)")
+    p.set_defaults(func=_serve)
+
+
+def _add_client_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", required=True, metavar="ADDRESS", help="unix:///path or host:port")
+    p.add_argument("--token-file", metavar="FILE", help="send 'authorization: Bearer <token in FILE>'")
+    p.add_argument("--tls", action="store_true", help="use TLS (implied by the --tls-* options)")
+    p.add_argument("--tls-ca", metavar="PEM", help="CA that signed the service's certificate")
+    p.add_argument("--tls-cert", metavar="PEM", help="client certificate")
+    p.add_argument("--tls-key", metavar="PEM", help="client private key")
+
+
+def read_token(path: str | None) -> str | None:
+    """The token in ``path`` (surrounding whitespace removed), or None without a path.
+
+    Raises:
+        OSError: the file cannot be read. ValueError: it is empty.
+    """
+    if not path:
+        return None
+    token = Path(path).read_text(encoding="utf-8").strip()
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    return token
+
+
+def _run(coro) -> int:
+    """Run ``coro`` on uvloop (chosen by loop factory, not a global policy)."""
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from execgate.policy_service.server import load_rules
+
+    try:
+        rules = load_rules(args.rules, default=args.default)
+        token = read_token(args.token_file)
+    except Exception as exc:  # RulesError, OSError, ValueError: a one-line message, exit 2
+        print(f"execgate policy serve: {exc}", file=sys.stderr)
+        return 2
+    tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert or args.tls_key else None
+    return _run(_serve_async(args, rules, tls, token))
+
+
+async def _serve_async(args: argparse.Namespace, rules, tls: TlsFiles | None, token: str | None) -> int:
+    from execgate.policy_service.server import running_service
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if hasattr(rules, "reload"):
+        loop.add_signal_handler(signal.SIGHUP, rules.reload)
+    try:
+        async with running_service(
+            rules, address=args.listen, tls=tls, token=token, audit_log=args.audit_log,
+            approval_timeout_s=args.approval_timeout, approver_wait_s=args.approver_wait, grace_s=args.grace,
+            rules_poll_s=args.rules_poll,
+        ) as server:
+            print(f"execgate policy serve: listening on {server.addresses[0]}", file=sys.stderr, flush=True)
+            await stop.wait()
+            log.info("stopping: NOT_SERVING, %g s grace", args.grace)
+    except (AddressError, OSError) as exc:
+        print(f"execgate policy serve: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def client_channel(args: argparse.Namespace) -> grpc.aio.Channel:
+    """A channel to ``args.policy`` honouring the --tls* options (create inside the running loop)."""
+    if args.tls or args.tls_ca or args.tls_cert:
+        if unix_path(args.policy) is not None:
+            raise AddressError("TLS is for TCP addresses")
+        return grpc.aio.secure_channel(args.policy, channel_credentials(TlsFiles(args.tls_cert, args.tls_key, args.tls_ca)))
+    return grpc.aio.insecure_channel(args.policy)
+
+
+def _metadata(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    token = read_token(args.token_file)
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def _health(args: argparse.Namespace) -> int:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    async def check() -> int:
+        async with client_channel(args) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=3)
+            except grpc.aio.AioRpcError as exc:
+                print(f"execgate policy health: {exc.code().name}: {exc.details()}", file=sys.stderr)
+                return 1
+        status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        print(status)
+        return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+    return _run(check())
+
+
+def _approve(args: argparse.Namespace) -> int:
+    from execgate.policy_service.approver import run_approver
+
+    async def approve() -> int:
+        async with client_channel(args) as channel:
+            return await run_approver(channel, name=args.name, metadata=_metadata(args))
+
+    with contextlib.suppress(KeyboardInterrupt):
+        return _run(approve())
+    return 130

@@ -1,0 +1,209 @@
+"""The policy service's logic, free of gRPC: decide an exec, prepare an escalated one.
+
+:class:`DecisionService` asks the rules engine (:class:`~execgate.policy_service.rules.RulesStore`),
+turns ``prompt`` into an approval (:mod:`execgate.policy_service.approvals`), writes the audit log
+(:mod:`execgate.policy_service.audit`), and builds what an escalated command spawns: the plain
+program, or a bubblewrap command line from the granted profile
+(:func:`execgate.server.sandbox.bwrap_argv`), always with a cleaned environment
+(:mod:`execgate.policy_service.envclean`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Awaitable, Callable, Mapping, NamedTuple, Protocol, Sequence
+
+from execgate.policy_service.approvals import ApprovalBroker
+from execgate.policy_service.audit import AuditLog, AuditRecord
+from execgate.policy_service.envclean import clean_env
+from execgate.server.policy import Decision, Execution, Permissions, PreparedExec, SessionContext
+from execgate.server.sandbox import bwrap_argv
+
+log = logging.getLogger(__name__)
+
+#: Called once, before waiting, when a decision needs an approver; gets the wait in seconds.
+PromptHook = Callable[[float], Awaitable[None]]
+
+#: A prompt that times out is answered this long (seconds) before the caller's own deadline.
+_ANSWER_MARGIN_S = 0.25
+
+
+class Decided(NamedTuple):
+    """A decision and who approved it ("" when no approver was asked)."""
+
+    decision: Decision
+    approver: str
+
+
+class _Evaluation(Protocol):
+    decision: str
+    rule: object | None
+    execution: Execution | None
+    reason: str
+    allow_env: tuple[str, ...]
+
+
+class _RuleSet(Protocol):
+    def evaluate(self, program: str, argv: Sequence[str]) -> _Evaluation: ...
+
+
+class RulesSource(Protocol):
+    """What the service needs of :class:`~execgate.policy_service.rules.RulesStore`."""
+
+    @property
+    def current(self) -> _RuleSet: ...
+
+
+class DecisionService:
+    """Decides and prepares execs for the ``EscalationPolicy`` servicer.
+
+    Args:
+        rules: the rules store (its ``current`` rule set is read per request, so reloads apply
+            at once).
+        approvals: the broker that runs prompts.
+        audit: where each decision is written, or None for no audit log.
+        bwrap: the bubblewrap executable named in sandboxed command lines.
+    """
+
+    def __init__(
+        self,
+        rules: RulesSource,
+        *,
+        approvals: ApprovalBroker,
+        audit: AuditLog | None = None,
+        bwrap: str = "bwrap",
+    ) -> None:
+        self.rules = rules
+        self.approvals = approvals
+        self.audit = audit
+        self.bwrap = bwrap
+
+    async def decide(
+        self,
+        session: SessionContext,
+        program: str,
+        argv: Sequence[str],
+        workdir: str,
+        *,
+        budget_s: float | None = None,
+        on_prompt: PromptHook | None = None,
+    ) -> Decided:
+        """Decide one exec (``program`` absolute, ``argv`` non-empty) and audit it.
+
+        Args:
+            budget_s: seconds the caller will wait (its deadline); a prompt answers before it.
+            on_prompt: awaited before waiting for an approver, with the wait in seconds.
+
+        Returns:
+            The Decision (with a fresh ``decision_id`` and a ``reason`` for every action) and the
+            approver who resolved a prompt ("" if none; for a grant, who granted it).
+        """
+        started = time.monotonic()
+        evaluation = self.rules.current.evaluate(program, argv)
+        rule_id = getattr(evaluation.rule, "id", "") or ""
+        reason = evaluation.reason or ""
+        execution = evaluation.execution or Execution()
+        common = {"rule_id": rule_id, "decision_id": uuid.uuid4().hex}
+        approver = ""
+        if evaluation.decision == "run":
+            decision = Decision.run(reason=reason, **common)
+        elif evaluation.decision == "escalate":
+            decision = Decision.escalate(execution, reason=reason, **common)
+        elif evaluation.decision == "prompt":
+            decision, approver = await self._ask(
+                session, program, argv, workdir, rule_id, reason, execution, common, budget_s, on_prompt
+            )
+        else:
+            decision = Decision.deny(reason or "denied by policy", **common)
+        self._audit(session, program, argv, workdir, decision, approver, started)
+        return Decided(decision, approver)
+
+    async def _ask(
+        self,
+        session: SessionContext,
+        program: str,
+        argv: Sequence[str],
+        workdir: str,
+        rule_id: str,
+        reason: str,
+        execution: Execution,
+        common: dict[str, str],
+        budget_s: float | None,
+        on_prompt: PromptHook | None,
+    ) -> Decided:
+        """Run a prompt through the approvals broker; approval escalates with ``execution``."""
+        wait = self.approvals.timeout_s
+        if budget_s is not None:
+            # Answer with a timeout denial a little before the caller gives up on us.
+            wait = max(0.0, min(wait, budget_s - _ANSWER_MARGIN_S))
+        if on_prompt is not None:
+            await on_prompt(wait)
+        outcome = await self.approvals.request(
+            session, program, argv, workdir, rule_id=rule_id, reason=reason, execution=execution, timeout_s=wait
+        )
+        if outcome.approved:
+            return Decided(Decision.escalate(execution, reason=outcome.reason, **common), outcome.approver)
+        return Decided(Decision.deny(outcome.reason, **common), outcome.approver)
+
+    def _audit(
+        self,
+        session: SessionContext,
+        program: str,
+        argv: Sequence[str],
+        workdir: str,
+        decision: Decision,
+        approver: str,
+        started: float,
+    ) -> None:
+        latency_ms = (time.monotonic() - started) * 1000.0
+        log.info(
+            "decision %s session=%s %s %s: %s (rule %s)",
+            decision.decision_id, session.session_id, program, list(argv), decision.action,
+            decision.rule_id or "default",
+        )
+        if self.audit is None:
+            return
+        self.audit.write(
+            AuditRecord(
+                decision_id=decision.decision_id, session_id=session.session_id,
+                labels=dict(session.labels), program=program, argv=tuple(argv), workdir=workdir,
+                decision=decision.action, rule_id=decision.rule_id, reason=decision.reason or "",
+                approver=approver, latency_ms=latency_ms, error=decision.error,
+            )
+        )
+
+    def prepare(
+        self,
+        session: SessionContext,
+        program: str,
+        argv: Sequence[str],
+        workdir: str,
+        env: Mapping[str, str],
+        execution: Execution,
+    ) -> PreparedExec:
+        """Build exactly what the server spawns for an escalated exec.
+
+        ``unsandboxed`` (and ``session_default`` for a session with no sandbox) gives
+        ``[program, *argv[1:]]`` with ``arg0 = argv[0]``; a profile gives a bwrap command line
+        (see :func:`execgate.server.sandbox.bwrap_argv`; bwrap cannot set argv[0], so ``arg0`` is
+        None and the program sees its path). The environment is cleaned, keeping the variables
+        that the matching rule's ``allow_env`` names.
+        """
+        allow = self.rules.current.evaluate(program, argv).allow_env
+        cleaned = clean_env(env, allow)
+        profile = _profile(execution, session)
+        if profile is None:
+            return PreparedExec(command=(program, *argv[1:]), cwd=workdir, env=cleaned, arg0=argv[0])
+        command = bwrap_argv(profile, cwd=workdir, bwrap=self.bwrap) + [program, *argv[1:]]
+        return PreparedExec(command=tuple(command), cwd=workdir, env=cleaned, arg0=None)
+
+
+def _profile(execution: Execution, session: SessionContext) -> Permissions | None:
+    """The sandbox profile an execution asks for, or None for none."""
+    if execution.kind == "permissions":
+        return execution.permissions or Permissions()
+    if execution.kind == "session_default":
+        return session.sandbox
+    return None

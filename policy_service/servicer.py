@@ -1,0 +1,154 @@
+"""gRPC servicers of ``execgate.v1``: ``EscalationPolicy`` and ``Approvals``.
+
+Thin typed layers over :class:`~execgate.policy_service.decisions.DecisionService` and
+:class:`~execgate.policy_service.approvals.ApprovalBroker`: they decode and check requests
+(bad input → ``INVALID_ARGUMENT``, never ``UNKNOWN``), call the logic, encode the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator, NoReturn
+
+import grpc
+
+from execgate.policy_service.approvals import ApprovalBroker, ApprovalRequest, UnknownRequest
+from execgate.policy_service.decisions import DecisionService
+from execgate.server import policy_codec as codec
+from execgate.v1 import approvals_pb2 as apb
+from execgate.v1 import approvals_pb2_grpc
+from execgate.v1 import policy_pb2 as pb
+from execgate.v1 import policy_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+#: Initial-metadata key the service sends when DetermineAction waits for an approver; the value
+#: is the wait in seconds. A client uses it to extend its ordinary deadline to its prompt deadline.
+PROMPT_METADATA_KEY = "execgate-prompt"
+
+_VERDICTS = {
+    apb.VERDICT_APPROVE_ONCE: "once",
+    apb.VERDICT_APPROVE_FOR_SESSION: "session",
+    apb.VERDICT_DENY: "deny",
+}
+
+
+async def _invalid(context: grpc.aio.ServicerContext, exc: Exception) -> NoReturn:
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    raise AssertionError("unreachable")  # pragma: no cover - abort always raises
+
+
+async def _internal(context: grpc.aio.ServicerContext, what: str, exc: Exception) -> NoReturn:
+    log.exception("%s failed", what)
+    await context.abort(grpc.StatusCode.INTERNAL, f"{what} failed: {type(exc).__name__}: {exc}")
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
+    """The ``EscalationPolicy`` service.
+
+    Args:
+        decisions: the logic that decides and prepares.
+    """
+
+    def __init__(self, decisions: DecisionService) -> None:
+        self.decisions = decisions
+
+    async def DetermineAction(  # noqa: N802 - gRPC method name
+        self, request: pb.DetermineActionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DetermineActionResponse:
+        try:
+            session = codec.session_from_pb(request.session)
+            program, argv, workdir = codec.target_from_pb(request.target)
+        except codec.CodecError as exc:
+            await _invalid(context, exc)
+
+        async def on_prompt(wait_s: float) -> None:
+            await context.send_initial_metadata(((PROMPT_METADATA_KEY, f"{wait_s:.3f}"),))
+
+        try:
+            decision, approver = await self.decisions.decide(
+                session, program, argv, workdir, budget_s=context.time_remaining(), on_prompt=on_prompt
+            )
+        except Exception as exc:  # a rules-engine bug must reach the client as INTERNAL, not UNKNOWN
+            await _internal(context, "DetermineAction", exc)
+        message = codec.decision_to_pb(decision)
+        message.approver = approver
+        return pb.DetermineActionResponse(decision=message)
+
+    async def PrepareEscalatedExec(  # noqa: N802
+        self, request: pb.PrepareEscalatedExecRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PrepareEscalatedExecResponse:
+        try:
+            session = codec.session_from_pb(request.session)
+            program, argv, workdir = codec.target_from_pb(request.target)
+            if not request.HasField("execution"):
+                raise codec.CodecError("execution is required")
+            execution = codec.execution_from_pb(request.execution)
+        except codec.CodecError as exc:
+            await _invalid(context, exc)
+        try:
+            prepared = self.decisions.prepare(session, program, argv, workdir, dict(request.env), execution)
+        except Exception as exc:
+            await _internal(context, "PrepareEscalatedExec", exc)
+        return pb.PrepareEscalatedExecResponse(prepared=codec.prepared_to_pb(prepared))
+
+
+def pending_to_pb(request: ApprovalRequest) -> apb.PendingApproval:
+    """Encode a pending request, with the seconds left until its deadline as of now."""
+    left = max(0.0, request.deadline - asyncio.get_running_loop().time())
+    return apb.PendingApproval(
+        request_id=request.request_id,
+        session=codec.session_to_pb(request.session),
+        target=codec.target_to_pb(request.program, request.argv, request.workdir),
+        rule_id=request.rule_id,
+        reason=request.reason,
+        execution=codec.execution_to_pb(request.execution),
+        seconds_left=left,
+    )
+
+
+class ApprovalsServicer(approvals_pb2_grpc.ApprovalsServicer):
+    """The ``Approvals`` service.
+
+    Args:
+        broker: holds the pending requests.
+    """
+
+    def __init__(self, broker: ApprovalBroker) -> None:
+        self.broker = broker
+
+    async def WatchPending(  # noqa: N802
+        self, request: apb.WatchPendingRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[apb.PendingApproval]:
+        log.info("approver %r connected", request.approver or context.peer())
+        try:
+            async with self.broker.subscribe() as queue:
+                while True:
+                    pending = await queue.get()
+                    if self.broker.is_pending(pending.request_id):
+                        yield pending_to_pb(pending)
+        finally:
+            log.info("approver %r disconnected", request.approver or context.peer())
+
+    async def ResolveApproval(  # noqa: N802
+        self, request: apb.ResolveApprovalRequest, context: grpc.aio.ServicerContext
+    ) -> apb.ResolveApprovalResponse:
+        verdict = _VERDICTS.get(request.verdict)
+        if verdict is None:
+            await _invalid(context, ValueError("verdict must be APPROVE_ONCE, APPROVE_FOR_SESSION or DENY"))
+        try:
+            self.broker.resolve(
+                request.request_id, verdict, reason=request.reason, approver=request.approver or context.peer()
+            )
+        except UnknownRequest:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"no pending request {request.request_id!r} (answered or expired?)"
+            )
+        return apb.ResolveApprovalResponse()
+
+    async def ListPending(  # noqa: N802
+        self, request: apb.ListPendingRequest, context: grpc.aio.ServicerContext
+    ) -> apb.ListPendingResponse:
+        return apb.ListPendingResponse(pending=[pending_to_pb(p) for p in self.broker.pending()])

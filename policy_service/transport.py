@@ -1,0 +1,160 @@
+"""Listening addresses, TLS and bearer-token authentication of the policy service (DESIGN.md §4).
+
+Addresses: ``unix:///abs/path`` (or ``unix:path``; the socket file gets mode 0600) and
+``host:port`` (port 0 picks a free one). TCP may use TLS, optionally requiring client
+certificates. A bearer token (gRPC metadata ``authorization: Bearer <token>``) may be required on
+any transport; health checks are exempt so that orchestrators can probe without the secret.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import grpc
+
+HEALTH_PREFIX = "/grpc.health.v1.Health/"
+
+
+class AddressError(ValueError):
+    """Raised for a listening or target address execgate cannot use."""
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """PEM files for TLS.
+
+    Attributes:
+        cert: the certificate chain (server: its own; client: its client certificate, optional).
+        key: the private key of ``cert``.
+        ca: CA bundle verifying the peer (server: client certificates, which are then
+            required; client: the server's certificate, else the system roots).
+    """
+
+    cert: str | None = None
+    key: str | None = None
+    ca: str | None = None
+
+
+def unix_path(address: str) -> str | None:
+    """The socket path of a ``unix:`` address, else None."""
+    if address.startswith("unix://"):
+        return address[len("unix://"):]
+    if address.startswith("unix:"):
+        return address[len("unix:"):]
+    return None
+
+
+def _read(path: str | None) -> bytes | None:
+    return Path(path).read_bytes() if path else None
+
+
+def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
+    """Server TLS credentials; client certificates are required when ``tls.ca`` is set.
+
+    Raises:
+        AddressError: the certificate or key is missing.
+        OSError: a file cannot be read.
+    """
+    if not tls.cert or not tls.key:
+        raise AddressError("TLS needs both a certificate and a key")
+    ca = _read(tls.ca)
+    return grpc.ssl_server_credentials(
+        [(_read(tls.key), _read(tls.cert))], root_certificates=ca, require_client_auth=ca is not None
+    )
+
+
+def channel_credentials(tls: TlsFiles) -> grpc.ChannelCredentials:
+    """Client TLS credentials (``ca`` None: system roots; ``cert``/``key``: a client certificate)."""
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(tls.ca), private_key=_read(tls.key), certificate_chain=_read(tls.cert)
+    )
+
+
+def add_port(server: grpc.aio.Server, address: str, tls: TlsFiles | None) -> str:
+    """Bind ``server`` to ``address``.
+
+    Returns:
+        The address clients should use (the real port when ``address`` asked for port 0).
+
+    Raises:
+        AddressError: the address is malformed, TLS was asked for on a Unix socket, or binding failed.
+    """
+    path = unix_path(address)
+    if path is not None:
+        if tls is not None:
+            raise AddressError("TLS is for TCP addresses; a Unix socket is protected by its file mode")
+        if not os.path.isabs(path):
+            raise AddressError(f"Unix socket path {path!r} must be absolute")
+        _remove_stale_socket(path)
+        # The socket file must never be reachable by others, not even between bind and chmod.
+        old = os.umask(0o177)
+        try:
+            server.add_insecure_port(f"unix://{path}")
+        except RuntimeError as exc:
+            raise AddressError(f"cannot listen on {address}: {exc}") from exc
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        return f"unix://{path}"
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise AddressError(f"address {address!r} is neither unix:///path nor host:port")
+    try:
+        bound = server.add_secure_port(address, server_credentials(tls)) if tls else server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise AddressError(f"cannot listen on {address}: {exc}") from exc
+    return f"{host}:{bound}"
+
+
+def _remove_stale_socket(path: str) -> None:
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Rejects calls without ``authorization: Bearer <token>`` with ``UNAUTHENTICATED``.
+
+    Args:
+        token: the expected token (compared in constant time).
+    """
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(HEALTH_PREFIX):
+            return handler
+        given = dict(details.invocation_metadata or ()).get("authorization", "")
+        given_bytes = given.encode() if isinstance(given, str) else bytes(given)
+        if hmac.compare_digest(given_bytes, self._expected):
+            return handler
+        return _deny_handler(handler, "missing bearer token" if not given else "wrong bearer token")
+
+
+def _deny_handler(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as ``handler`` that aborts with UNAUTHENTICATED."""
+
+    async def abort(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    kw = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(abort, **kw)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(abort, **kw)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(abort, **kw)
+    return grpc.stream_stream_rpc_method_handler(abort, **kw)

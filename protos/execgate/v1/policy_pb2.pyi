@@ -1,0 +1,156 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Permissions(_message.Message):
+    __slots__ = ("network", "writable_roots", "readable_roots")
+    NETWORK_FIELD_NUMBER: _ClassVar[int]
+    WRITABLE_ROOTS_FIELD_NUMBER: _ClassVar[int]
+    READABLE_ROOTS_FIELD_NUMBER: _ClassVar[int]
+    network: bool
+    writable_roots: _containers.RepeatedScalarFieldContainer[str]
+    readable_roots: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, network: _Optional[bool] = ..., writable_roots: _Optional[_Iterable[str]] = ..., readable_roots: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Unsandboxed(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SessionDefault(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Execution(_message.Message):
+    __slots__ = ("unsandboxed", "session_default", "permissions")
+    UNSANDBOXED_FIELD_NUMBER: _ClassVar[int]
+    SESSION_DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    PERMISSIONS_FIELD_NUMBER: _ClassVar[int]
+    unsandboxed: Unsandboxed
+    session_default: SessionDefault
+    permissions: Permissions
+    def __init__(self, unsandboxed: _Optional[_Union[Unsandboxed, _Mapping]] = ..., session_default: _Optional[_Union[SessionDefault, _Mapping]] = ..., permissions: _Optional[_Union[Permissions, _Mapping]] = ...) -> None: ...
+
+class SessionContext(_message.Message):
+    __slots__ = ("session_id", "labels", "sandbox")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    labels: _containers.ScalarMap[str, str]
+    sandbox: Permissions
+    def __init__(self, session_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., sandbox: _Optional[_Union[Permissions, _Mapping]] = ...) -> None: ...
+
+class ExecTarget(_message.Message):
+    __slots__ = ("program", "argv", "workdir")
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    program: str
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    workdir: str
+    def __init__(self, program: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ...) -> None: ...
+
+class Run(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Escalate(_message.Message):
+    __slots__ = ("execution",)
+    EXECUTION_FIELD_NUMBER: _ClassVar[int]
+    execution: Execution
+    def __init__(self, execution: _Optional[_Union[Execution, _Mapping]] = ...) -> None: ...
+
+class Deny(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class Decision(_message.Message):
+    __slots__ = ("run", "escalate", "deny", "rule_id", "decision_id", "reason", "approver")
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    ESCALATE_FIELD_NUMBER: _ClassVar[int]
+    DENY_FIELD_NUMBER: _ClassVar[int]
+    RULE_ID_FIELD_NUMBER: _ClassVar[int]
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    APPROVER_FIELD_NUMBER: _ClassVar[int]
+    run: Run
+    escalate: Escalate
+    deny: Deny
+    rule_id: str
+    decision_id: str
+    reason: str
+    approver: str
+    def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ..., escalate: _Optional[_Union[Escalate, _Mapping]] = ..., deny: _Optional[_Union[Deny, _Mapping]] = ..., rule_id: _Optional[str] = ..., decision_id: _Optional[str] = ..., reason: _Optional[str] = ..., approver: _Optional[str] = ...) -> None: ...
+
+class DetermineActionRequest(_message.Message):
+    __slots__ = ("session", "target")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    session: SessionContext
+    target: ExecTarget
+    def __init__(self, session: _Optional[_Union[SessionContext, _Mapping]] = ..., target: _Optional[_Union[ExecTarget, _Mapping]] = ...) -> None: ...
+
+class DetermineActionResponse(_message.Message):
+    __slots__ = ("decision",)
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    decision: Decision
+    def __init__(self, decision: _Optional[_Union[Decision, _Mapping]] = ...) -> None: ...
+
+class PrepareEscalatedExecRequest(_message.Message):
+    __slots__ = ("session", "target", "env", "execution", "decision_id")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_FIELD_NUMBER: _ClassVar[int]
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    session: SessionContext
+    target: ExecTarget
+    env: _containers.ScalarMap[str, str]
+    execution: Execution
+    decision_id: str
+    def __init__(self, session: _Optional[_Union[SessionContext, _Mapping]] = ..., target: _Optional[_Union[ExecTarget, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., decision_id: _Optional[str] = ...) -> None: ...
+
+class PreparedExec(_message.Message):
+    __slots__ = ("command", "cwd", "env", "arg0")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    ARG0_FIELD_NUMBER: _ClassVar[int]
+    command: _containers.RepeatedScalarFieldContainer[str]
+    cwd: str
+    env: _containers.ScalarMap[str, str]
+    arg0: str
+    def __init__(self, command: _Optional[_Iterable[str]] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., arg0: _Optional[str] = ...) -> None: ...
+
+class PrepareEscalatedExecResponse(_message.Message):
+    __slots__ = ("prepared",)
+    PREPARED_FIELD_NUMBER: _ClassVar[int]
+    prepared: PreparedExec
+    def __init__(self, prepared: _Optional[_Union[PreparedExec, _Mapping]] = ...) -> None: ...

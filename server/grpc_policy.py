@@ -1,0 +1,266 @@
+"""The escalation server's gRPC policy client: :class:`GrpcPolicy` implements :class:`Policy`.
+
+Failure handling (DESIGN.md §4) is fail closed: whatever goes wrong between the server and the
+policy service — nobody listening, a crash mid-session, a slow or hanging handler, an exception,
+an answer that breaks the contract — ``determine_action`` returns a Deny with ``error=True`` and
+a reason naming the cause, and ``prepare_escalated_exec`` raises :class:`PolicyError`. Nothing
+hangs: every call has a deadline.
+
+Deadlines. Ordinary answers must come within ``timeout_s``. A ``prompt`` waits for a person, so
+``DetermineAction`` is sent with the longer ``prompt_timeout_s`` as its gRPC deadline, but the
+client still requires, within ``timeout_s``, either the answer or the initial metadata
+``execgate-prompt`` by which the service says it is waiting for an approver; only then does it
+wait on, up to ``prompt_timeout_s``. The service sees that deadline and answers a silent prompt
+with a timed-out Deny just before it. So a hung service costs ``timeout_s``, never the prompt time.
+grpc.aio delivers a unary call's initial metadata only together with its response, so the client
+invokes the (unary) ``DetermineAction`` method through a server-streaming call object, which
+reads headers on their own; cardinality is not on the wire, so the service is unaffected.
+
+Retries: only transport unavailability, by gRPC's own retry policy (service config), inside the
+same deadline; ``waitForReady`` is false so that a service that is down fails fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import Counter
+from typing import Any, Mapping, Sequence
+
+import grpc
+
+from execgate.server import policy_codec as codec
+from execgate.server.policy import Decision, Execution, PreparedExec, SessionContext
+from execgate.v1 import policy_pb2 as pb
+from execgate.v1 import policy_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+#: Initial-metadata key by which the service announces a prompt (see the module docstring).
+PROMPT_METADATA_KEY = "execgate-prompt"
+
+_SERVICE_CONFIG = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [{"service": "execgate.v1.EscalationPolicy"}],
+                "waitForReady": False,
+                "retryPolicy": {
+                    "maxAttempts": 5,
+                    "initialBackoff": "0.05s",
+                    "maxBackoff": "0.5s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+)
+
+_CHANNEL_OPTIONS = (
+    ("grpc.service_config", _SERVICE_CONFIG),
+    ("grpc.enable_retries", 1),
+    # A restarted service must be reachable again within a deadline, not after gRPC's default
+    # reconnect backoff (1 s growing to 120 s).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
+
+class PolicyError(Exception):
+    """Raised by :meth:`GrpcPolicy.prepare_escalated_exec` when the policy service fails; the
+    message names the cause."""
+
+
+class _NoAnswer(Exception):
+    """The service sent neither an answer nor a prompt notice within ``timeout_s``."""
+
+
+def _expect(response: object, kind: type) -> Any:
+    """``response`` if it is a ``kind`` message; grpc.aio gives None for undecodable bytes."""
+    if not isinstance(response, kind):
+        raise codec.CodecError(f"undecodable response (expected {kind.__name__})")
+    return response
+
+
+async def _single(call: grpc.aio.UnaryStreamCall) -> object:
+    """The one response of a unary method read through a stream call.
+
+    Raises:
+        grpc.aio.AioRpcError: the call failed. codec.CodecError: it ended without a response.
+    """
+    response = await call.read()
+    if response is grpc.aio.EOF:
+        code = await call.code()
+        if code != grpc.StatusCode.OK:
+            raise codec.CodecError(f"call ended with {code.name}: {await call.details()}")
+        raise codec.CodecError("call ended without a response")
+    return response
+
+
+class GrpcPolicy:
+    """A :class:`~execgate.server.policy.Policy` that asks a remote ``execgate.v1`` service.
+
+    Args:
+        address: ``unix:///path`` or ``host:port``.
+        token: bearer token sent as ``authorization: Bearer <token>``, or None.
+        tls: channel credentials for TLS (see ``grpc.ssl_channel_credentials``), or None for a
+            plaintext channel (the default for Unix sockets).
+        timeout_s: deadline of an ordinary answer, in seconds.
+        prompt_timeout_s: deadline of a DetermineAction that waits for an approver, in seconds.
+
+    The channel is created lazily inside the running event loop on the first call; close it
+    with :meth:`aclose`. ``stats`` counts outcomes: run, escalate, deny (policy denials) and
+    error (fail-closed denials), kept apart.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        tls: grpc.ChannelCredentials | None = None,
+        timeout_s: float = 5.0,
+        prompt_timeout_s: float = 300.0,
+    ) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self.prompt_timeout_s = max(prompt_timeout_s, timeout_s)
+        self._tls = tls
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._channel: grpc.aio.Channel | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stub: policy_pb2_grpc.EscalationPolicyStub | None = None
+        self._determine_call: grpc.aio.UnaryStreamMultiCallable | None = None
+        self.stats: Counter[str] = Counter()
+
+    def _get_stub(self) -> policy_pb2_grpc.EscalationPolicyStub:
+        loop = asyncio.get_running_loop()
+        if self._stub is None or self._loop is not loop:
+            if self._tls is not None:
+                self._channel = grpc.aio.secure_channel(self.address, self._tls, options=_CHANNEL_OPTIONS)
+            else:
+                self._channel = grpc.aio.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
+            self._loop = loop
+            self._stub = policy_pb2_grpc.EscalationPolicyStub(self._channel)
+            self._determine_call = self._channel.unary_stream(
+                "/execgate.v1.EscalationPolicy/DetermineAction",
+                request_serializer=pb.DetermineActionRequest.SerializeToString,
+                response_deserializer=pb.DetermineActionResponse.FromString,
+            )
+        return self._stub
+
+    async def aclose(self) -> None:
+        """Close the channel (in-flight calls are cancelled). The object may be used again.
+
+        After a connection broke, grpc may still deliver the completion of a reconnect attempt to
+        this event loop a few hundred ms after the close; keep the loop running that long if it
+        is about to be closed (the escalation server's loop normally outlives its policy).
+        """
+        channel, self._channel, self._stub, self._determine_call = self._channel, None, None, None
+        if channel is not None:
+            await channel.close()
+
+    async def determine_action(
+        self, program: str, argv: Sequence[str], workdir: str, session: SessionContext
+    ) -> Decision:
+        """Ask the service to decide one exec; never raises except on cancellation.
+
+        Returns:
+            The service's decision, or ``Decision.deny(reason, error=True)`` on any failure.
+        """
+        request = pb.DetermineActionRequest(
+            session=codec.session_to_pb(session), target=codec.target_to_pb(program, argv, workdir)
+        )
+        try:
+            response = _expect(await self._determine(request), pb.DetermineActionResponse)
+            decision = codec.decision_from_pb(response.decision)
+        except (grpc.aio.AioRpcError, codec.CodecError, _NoAnswer) as exc:
+            cause = self._describe(exc)
+            self.stats["error"] += 1
+            log.warning("policy error, failing closed (session %s, %s): %s", session.session_id, program, cause)
+            return Decision.deny(f"policy service error: {cause}", error=True)
+        self.stats[decision.action] += 1
+        if decision.action == "deny":
+            log.info("policy denied %s (session %s, rule %s): %s", program, session.session_id,
+                     decision.rule_id or "default", decision.reason)
+        return decision
+
+    async def _determine(self, request: pb.DetermineActionRequest) -> object:
+        self._get_stub()
+        assert self._determine_call is not None
+        call = self._determine_call(
+            request, timeout=self.prompt_timeout_s, metadata=self._metadata, wait_for_ready=False
+        )
+        try:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    metadata = await call.initial_metadata()
+                    if not any(key == PROMPT_METADATA_KEY for key, _ in metadata or ()):
+                        return await _single(call)
+            except TimeoutError:
+                raise _NoAnswer(f"no answer within {self.timeout_s:g} s") from None
+            return await _single(call)  # an approver is being asked: the gRPC deadline bounds the wait
+        finally:
+            if not call.done():
+                call.cancel()
+
+    async def prepare_escalated_exec(
+        self,
+        program: str,
+        argv: Sequence[str],
+        workdir: str,
+        env: Mapping[str, str],
+        execution: Execution,
+        session: SessionContext,
+    ) -> PreparedExec:
+        """Ask the service what to spawn for an escalated exec.
+
+        Raises:
+            PolicyError: the service failed or answered garbage; the message names the cause.
+        """
+        request = pb.PrepareEscalatedExecRequest(
+            session=codec.session_to_pb(session),
+            target=codec.target_to_pb(program, argv, workdir),
+            env=dict(env),
+            execution=codec.execution_to_pb(execution),
+        )
+        try:
+            response = _expect(
+                await self._get_stub().PrepareEscalatedExec(
+                    request, timeout=self.timeout_s, metadata=self._metadata, wait_for_ready=False
+                ),
+                pb.PrepareEscalatedExecResponse,
+            )
+            if not response.HasField("prepared"):
+                raise codec.CodecError("PreparedExec missing from the answer")
+            return codec.prepared_from_pb(response.prepared)
+        except (grpc.aio.AioRpcError, codec.CodecError) as exc:
+            cause = self._describe(exc)
+            self.stats["error"] += 1
+            log.warning("policy error preparing %s (session %s): %s", program, session.session_id, cause)
+            raise PolicyError(f"policy service error: {cause}") from exc
+
+    def _describe(self, exc: Exception) -> str:
+        """One line naming the cause of a failed call."""
+        if isinstance(exc, _NoAnswer) or (
+            isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        ):
+            # Still retrying a transport failure when the deadline came? Then say that, not "slow".
+            state = self._channel.get_state() if self._channel is not None else None
+            if state is not None and state != grpc.ChannelConnectivity.READY:
+                return f"policy service at {self.address} is unavailable (connection {state.name.lower()}, no answer before the deadline)"
+            return f"policy service at {self.address} is not answering (no answer before the deadline)"
+        if isinstance(exc, codec.CodecError):
+            return f"policy service at {self.address} answered garbage: {exc}"
+        assert isinstance(exc, grpc.aio.AioRpcError)
+        code, details = exc.code(), exc.details() or ""
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return f"policy service at {self.address} is unavailable: {details}"
+        if code == grpc.StatusCode.UNKNOWN:
+            return f"policy service at {self.address} raised an error: {details}"
+        if code == grpc.StatusCode.INTERNAL and "deserializ" in details.lower():
+            return f"policy service at {self.address} answered garbage: {details}"
+        return f"policy service at {self.address} failed with {code.name}: {details}"

@@ -1,0 +1,161 @@
+"""Conversions between the :mod:`execgate.server.policy` dataclasses and ``execgate.v1`` messages.
+
+Both sides of the gRPC contract use these: the server's client (:mod:`execgate.server.grpc_policy`)
+and the policy service (:mod:`execgate.policy_service.servicer`). Decoders validate what a peer
+sent and raise :class:`CodecError` for anything the contract forbids (an unset oneof, a relative
+path, an empty argv), so that each side can answer with its own failure (INVALID_ARGUMENT on the
+service, a fail-closed Deny on the client).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping, Sequence
+
+from execgate.server.policy import Decision, Execution, Permissions, PreparedExec, SessionContext
+from execgate.v1 import policy_pb2 as pb
+
+
+class CodecError(ValueError):
+    """Raised when a message breaks the ``execgate.v1`` contract (missing or invalid field)."""
+
+
+def permissions_to_pb(perms: Permissions) -> pb.Permissions:
+    return pb.Permissions(
+        network=perms.network,
+        writable_roots=list(perms.writable_roots),
+        readable_roots=list(perms.readable_roots),
+    )
+
+
+def permissions_from_pb(msg: pb.Permissions) -> Permissions:
+    """Decode a profile.
+
+    Raises:
+        CodecError: a root is not an absolute path.
+    """
+    for root in (*msg.writable_roots, *msg.readable_roots):
+        if not os.path.isabs(root):
+            raise CodecError(f"sandbox root {root!r} is not an absolute path")
+    return Permissions(
+        network=msg.network,
+        writable_roots=tuple(msg.writable_roots),
+        readable_roots=tuple(msg.readable_roots),
+    )
+
+
+def execution_to_pb(execution: Execution) -> pb.Execution:
+    if execution.kind == "permissions":
+        return pb.Execution(permissions=permissions_to_pb(execution.permissions or Permissions()))
+    if execution.kind == "session_default":
+        return pb.Execution(session_default=pb.SessionDefault())
+    return pb.Execution(unsandboxed=pb.Unsandboxed())
+
+
+def execution_from_pb(msg: pb.Execution) -> Execution:
+    """Decode an execution.
+
+    Raises:
+        CodecError: no kind is set, or the profile is invalid.
+    """
+    kind = msg.WhichOneof("kind")
+    if kind is None:
+        raise CodecError("execution has no kind set (unsandboxed, session_default or permissions)")
+    if kind == "permissions":
+        return Execution("permissions", permissions_from_pb(msg.permissions))
+    return Execution(kind)  # type: ignore[arg-type]
+
+
+def session_to_pb(session: SessionContext) -> pb.SessionContext:
+    msg = pb.SessionContext(session_id=session.session_id, labels=dict(session.labels))
+    if session.sandbox is not None:
+        msg.sandbox.CopyFrom(permissions_to_pb(session.sandbox))
+    return msg
+
+
+def session_from_pb(msg: pb.SessionContext) -> SessionContext:
+    """Decode a session context.
+
+    Raises:
+        CodecError: the session id is empty or the sandbox profile is invalid.
+    """
+    if not msg.session_id:
+        raise CodecError("session.session_id is empty")
+    sandbox = permissions_from_pb(msg.sandbox) if msg.HasField("sandbox") else None
+    return SessionContext(session_id=msg.session_id, labels=dict(msg.labels), sandbox=sandbox)
+
+
+def target_to_pb(program: str, argv: Sequence[str], workdir: str) -> pb.ExecTarget:
+    return pb.ExecTarget(program=program, argv=list(argv), workdir=workdir)
+
+
+def target_from_pb(msg: pb.ExecTarget) -> tuple[str, tuple[str, ...], str]:
+    """Decode and check an exec target.
+
+    Returns:
+        ``(program, argv, workdir)``.
+
+    Raises:
+        CodecError: argv is empty, or program / workdir is not absolute.
+    """
+    if not msg.argv:
+        raise CodecError("argv is empty (it must include argv[0])")
+    if not os.path.isabs(msg.program):
+        raise CodecError(f"program {msg.program!r} is not an absolute path")
+    if not os.path.isabs(msg.workdir):
+        raise CodecError(f"workdir {msg.workdir!r} is not an absolute path")
+    return msg.program, tuple(msg.argv), msg.workdir
+
+
+def decision_to_pb(decision: Decision) -> pb.Decision:
+    msg = pb.Decision(
+        rule_id=decision.rule_id, decision_id=decision.decision_id, reason=decision.reason or ""
+    )
+    if decision.action == "run":
+        msg.run.SetInParent()
+    elif decision.action == "escalate":
+        msg.escalate.execution.CopyFrom(execution_to_pb(decision.execution or Execution()))
+    else:
+        msg.deny.reason = decision.reason or ""
+    return msg
+
+
+def decision_from_pb(msg: pb.Decision) -> Decision:
+    """Decode a decision.
+
+    Raises:
+        CodecError: no action is set, or an escalation carries no valid execution.
+    """
+    action = msg.WhichOneof("action")
+    common = {"rule_id": msg.rule_id, "decision_id": msg.decision_id}
+    if action == "run":
+        return Decision.run(reason=msg.reason or None, **common)
+    if action == "escalate":
+        if not msg.escalate.HasField("execution"):
+            raise CodecError("escalate decision carries no execution")
+        return Decision.escalate(execution_from_pb(msg.escalate.execution), reason=msg.reason or None, **common)
+    if action == "deny":
+        return Decision.deny(msg.deny.reason or None, **common)
+    raise CodecError("decision has no action set (run, escalate or deny)")
+
+
+def prepared_to_pb(prepared: PreparedExec) -> pb.PreparedExec:
+    msg = pb.PreparedExec(command=list(prepared.command), cwd=prepared.cwd, env=dict(prepared.env))
+    if prepared.arg0 is not None:
+        msg.arg0 = prepared.arg0
+    return msg
+
+
+def prepared_from_pb(msg: pb.PreparedExec) -> PreparedExec:
+    """Decode what to spawn.
+
+    Raises:
+        CodecError: the command is empty or its cwd is not absolute.
+    """
+    if not msg.command:
+        raise CodecError("prepared command is empty")
+    if not os.path.isabs(msg.cwd):
+        raise CodecError(f"prepared cwd {msg.cwd!r} is not an absolute path")
+    arg0 = msg.arg0 if msg.HasField("arg0") else None
+    return PreparedExec(command=tuple(msg.command), cwd=msg.cwd, env=dict(msg.env), arg0=arg0)
+

@@ -1,0 +1,53 @@
+"""``execgate approve`` as a real process with piped stdin, answering prompts of a real service."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import grpc
+import pytest
+
+from execgate.v1 import policy_pb2 as pb
+from execgate.v1 import policy_pb2_grpc
+
+pytestmark = pytest.mark.anyio
+
+
+def ls(*args: str) -> pb.DetermineActionRequest:
+    return pb.DetermineActionRequest(
+        session=pb.SessionContext(session_id="s-9", labels={"team": "blue"}),
+        target=pb.ExecTarget(program="/usr/bin/ls", argv=["ls", *args], workdir="/srv"),
+    )
+
+
+async def test_piped_approver(service) -> None:
+    async with service() as server, grpc.aio.insecure_channel(server.addresses[0]) as channel:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "execgate.server.cli", "approve", "--policy", server.addresses[0], "--name", "bot",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            for _ in range(500):
+                if server.decisions.approvals.approvers:
+                    break
+                await asyncio.sleep(0.02)
+            stub = policy_pb2_grpc.EscalationPolicyStub(channel)
+            asking = asyncio.ensure_future(stub.DetermineAction(ls("-a"), timeout=20))
+            proc.stdin.write(b"maybe\ny\n")
+            first = (await asking).decision
+            asking = asyncio.ensure_future(stub.DetermineAction(ls("-b"), timeout=20))
+            proc.stdin.write(b"n\nnot on friday\n")
+            second = (await asking).decision
+            proc.stdin.close()
+            out, err = await asyncio.wait_for(proc.communicate(), 20)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert first.WhichOneof("action") == "escalate" and first.approver == "bot"
+    assert second.WhichOneof("action") == "deny" and second.deny.reason == "not on friday"
+    text = out.decode()
+    assert proc.returncode == 0, err.decode()
+    for shown in ("/usr/bin/ls", "ls -a", "/srv", "s-9", "team=blue", "ls-prompt", "please answer y, s or n"):
+        assert shown in text, (shown, text)

@@ -1,0 +1,104 @@
+"""``execgate policy serve`` / ``policy health`` as real processes, and ``serve_embedded``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import stat
+import sys
+import time
+from pathlib import Path
+from typing import AsyncIterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from execgate.policy_service.server import serve_embedded
+from execgate.server.grpc_policy import GrpcPolicy
+from execgate.server.policy import SessionContext
+
+pytestmark = pytest.mark.anyio
+
+SESSION = SessionContext("s-1", {"agent": "cli"})
+CLI = (sys.executable, "-m", "execgate.server.cli")
+
+
+@contextlib.asynccontextmanager
+async def serve_process(short_tmp: Path, rules_file: Path, *extra: str) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    address = f"unix://{short_tmp / 'cli.sock'}"
+    proc = await asyncio.create_subprocess_exec(
+        *CLI, "policy", "serve", "--listen", address, "--rules", str(rules_file), *extra,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        line = await asyncio.wait_for(proc.stderr.readline(), 30)
+        while b"listening on" not in line:
+            assert line, "policy serve exited before listening"
+            line = await asyncio.wait_for(proc.stderr.readline(), 30)
+        yield proc, address
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+
+
+async def test_sigterm_reports_not_serving_then_exits(short_tmp: Path, rules_file: Path) -> None:
+    async with serve_process(short_tmp, rules_file, "--grace", "1") as (proc, address):
+        health = await asyncio.create_subprocess_exec(
+            *CLI, "policy", "health", "--policy", address, stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await health.communicate()
+        assert health.returncode == 0 and out.strip() == b"SERVING"
+        assert stat.S_IMODE(os.stat(address[len("unix://"):]).st_mode) == 0o600
+        async with grpc.aio.insecure_channel(address) as channel:
+            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+            proc.send_signal(signal.SIGTERM)
+            assert (await asyncio.wait_for(watch.read(), 10)).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            watch.cancel()
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
+
+
+async def test_policy_process_killed_mid_session(short_tmp: Path, rules_file: Path) -> None:
+    async with serve_process(short_tmp, rules_file) as (proc, address):
+        # A generous deadline: a freshly started service on a loaded machine may answer slowly.
+        policy = GrpcPolicy(address, timeout_s=5)
+        before = await policy.determine_action("/usr/bin/echo", ["echo", "hi"], "/tmp", SESSION)
+        proc.kill()
+        await proc.wait()
+        started = time.monotonic()
+        after = await policy.determine_action("/usr/bin/echo", ["echo", "hi"], "/tmp", SESSION)
+        elapsed = time.monotonic() - started
+        await policy.aclose()
+        # grpc delivers the completion of an interrupted reconnect attempt to this loop shortly
+        # after the channel closes; let it arrive before the test's loop is closed.
+        await asyncio.sleep(0.5)
+    assert before.action == "run" and before.rule_id == "echo-run", before
+    assert after.action == "deny" and after.error and "unavailable" in after.reason, after
+    assert elapsed < 6
+
+
+async def test_serve_bad_rules_exits_2(short_tmp: Path) -> None:
+    bad = short_tmp / "bad.toml"
+    bad.write_text('[[rule]]\nprogram = "x"\ndecision = "maybe"\n')
+    proc = await asyncio.create_subprocess_exec(
+        *CLI, "policy", "serve", "--listen", f"unix://{short_tmp / 's'}", "--rules", str(bad),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2 and b"bad.toml" in err
+
+
+async def test_serve_embedded(rules_file: Path) -> None:
+    async with serve_embedded([rules_file]) as address:
+        path = Path(address[len("unix://"):])
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        policy = GrpcPolicy(address)
+        decision = await policy.determine_action("/usr/bin/rm", ["rm", "x"], "/tmp", SESSION)
+        await policy.aclose()
+    assert decision.action == "deny" and decision.reason == "no deleting"
+    assert not path.parent.exists()

@@ -1,0 +1,176 @@
+"""EscalationPolicy over a real grpc.aio server on a Unix socket: round trips, bad input,
+health, reflection, env cleaning, sandboxed command lines, audit log."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from execgate.v1 import policy_pb2 as pb
+from execgate.v1 import policy_pb2_grpc
+
+pytestmark = pytest.mark.anyio
+
+SESSION = pb.SessionContext(session_id="s-1", labels={"agent": "a1"})
+
+
+def target(program: str, *args: str, workdir: str = "/tmp") -> pb.ExecTarget:
+    return pb.ExecTarget(program=program, argv=[os.path.basename(program), *args], workdir=workdir)
+
+
+async def determine(address: str, tgt: pb.ExecTarget, session=SESSION) -> pb.Decision:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = policy_pb2_grpc.EscalationPolicyStub(channel)
+        response = await stub.DetermineAction(pb.DetermineActionRequest(session=session, target=tgt), timeout=5)
+        return response.decision
+
+
+async def test_determine_action_round_trip(service, short_tmp: Path) -> None:
+    async with service() as server:
+        address = server.addresses[0]
+        run = await determine(address, target("/usr/bin/echo", "hi"))
+        esc = await determine(address, target("/usr/bin/env"))
+        deny = await determine(address, target("/usr/bin/rm", "-rf", "/"))
+        mode = stat.S_IMODE(os.stat(short_tmp / "p.sock").st_mode)
+    assert mode == 0o600
+    assert run.WhichOneof("action") == "run" and run.rule_id == "echo-run"
+    assert esc.WhichOneof("action") == "escalate" and esc.rule_id == "env-escalate"
+    assert esc.escalate.execution.WhichOneof("kind") == "unsandboxed"
+    assert deny.WhichOneof("action") == "deny" and deny.deny.reason == "no deleting"
+    assert len({run.decision_id, esc.decision_id, deny.decision_id}) == 3 and all(
+        d.decision_id for d in (run, esc, deny)
+    )
+
+
+@pytest.mark.parametrize(
+    "tgt, words",
+    [
+        (pb.ExecTarget(program="/usr/bin/echo", argv=[], workdir="/tmp"), "argv is empty"),
+        (pb.ExecTarget(program="echo", argv=["echo"], workdir="/tmp"), "not an absolute path"),
+        (pb.ExecTarget(program="/usr/bin/echo", argv=["echo"], workdir="rel"), "workdir"),
+    ],
+)
+async def test_bad_input_is_invalid_argument(service, tgt: pb.ExecTarget, words: str) -> None:
+    async with service() as server, grpc.aio.insecure_channel(server.addresses[0]) as channel:
+        stub = policy_pb2_grpc.EscalationPolicyStub(channel)
+        for call in (
+            stub.DetermineAction(pb.DetermineActionRequest(session=SESSION, target=tgt), timeout=5),
+            stub.PrepareEscalatedExec(
+                pb.PrepareEscalatedExecRequest(
+                    session=SESSION, target=tgt, execution=pb.Execution(unsandboxed=pb.Unsandboxed())
+                ),
+                timeout=5,
+            ),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert words in info.value.details()
+        # An execution with no kind set and a missing session are bad input too.
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.PrepareEscalatedExec(
+                pb.PrepareEscalatedExecRequest(session=SESSION, target=target("/usr/bin/env"), execution=pb.Execution()),
+                timeout=5,
+            )
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.DetermineAction(pb.DetermineActionRequest(target=target("/usr/bin/echo")), timeout=5)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_health_and_reflection(service) -> None:
+    async with service() as server, grpc.aio.insecure_channel(server.addresses[0]) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for name in ("", "execgate.v1.EscalationPolicy", "execgate.v1.Approvals"):
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        refl = reflection_pb2_grpc.ServerReflectionStub(channel)
+        listed = set()
+        async for reply in refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])):
+            listed |= {s.name for s in reply.list_services_response.service}
+    assert {"execgate.v1.EscalationPolicy", "execgate.v1.Approvals", "grpc.health.v1.Health"} <= listed
+
+
+INJECTED = {
+    "LD_PRELOAD": "/x/evil.so",
+    "LD_LIBRARY_PATH": "/x",
+    "LD_AUDIT": "/x/a.so",
+    "BASH_ENV": "/x/rc",
+    "ENV": "/x/rc",
+    "CODEX_ESCALATE_SOCKET": "5",
+    "EXEC_WRAPPER": "/x/wrapper",
+    "EXECGATE_SOCKET_DIR": "/x",
+    "BASH_FUNC_ls%%": "() { evil; }",
+    "HOME": "/home/agent",
+    "EXECGATE_KEEP_ME": "yes",
+}
+
+
+async def prepare(address: str, tgt: pb.ExecTarget, execution: pb.Execution, session=SESSION) -> pb.PreparedExec:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = policy_pb2_grpc.EscalationPolicyStub(channel)
+        request = pb.PrepareEscalatedExecRequest(session=session, target=tgt, env=INJECTED, execution=execution)
+        return (await stub.PrepareEscalatedExec(request, timeout=5)).prepared
+
+
+async def test_prepared_env_is_cleaned(service) -> None:
+    unsandboxed = pb.Execution(unsandboxed=pb.Unsandboxed())
+    async with service() as server:
+        plain = await prepare(server.addresses[0], target("/usr/bin/echo", "x"), unsandboxed)
+        allowed = await prepare(server.addresses[0], target("/usr/bin/env", "-0"), unsandboxed)
+    blocked = {"LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "BASH_ENV", "ENV", "CODEX_ESCALATE_SOCKET",
+               "EXEC_WRAPPER", "EXECGATE_SOCKET_DIR", "EXECGATE_KEEP_ME", "BASH_FUNC_ls%%"}
+    assert dict(plain.env) == {"HOME": "/home/agent"}
+    assert not blocked & set(plain.env)
+    # The env-escalate rule's allow_env lets LD_LIBRARY_PATH and EXECGATE_KEEP_* through, nothing else.
+    assert dict(allowed.env) == {"HOME": "/home/agent", "LD_LIBRARY_PATH": "/x", "EXECGATE_KEEP_ME": "yes"}
+    assert list(plain.command) == ["/usr/bin/echo", "x"] and plain.arg0 == "echo" and plain.cwd == "/tmp"
+
+
+async def test_prepared_sandbox_command_lines(service) -> None:
+    profile = pb.Permissions(network=False, writable_roots=["/tmp/w"], readable_roots=["/opt/r"])
+    session = pb.SessionContext(session_id="s-2", sandbox=pb.Permissions(network=True, writable_roots=["/tmp/s"]))
+    async with service() as server:
+        address = server.addresses[0]
+        perm = await prepare(address, target("/usr/bin/env", "-0"), pb.Execution(permissions=profile), session)
+        dflt = await prepare(address, target("/usr/bin/env"), pb.Execution(session_default=pb.SessionDefault()), session)
+        bare = await prepare(address, target("/usr/bin/env"), pb.Execution(session_default=pb.SessionDefault()))
+    cmd = list(perm.command)
+    assert cmd[0] == "bwrap" and cmd[-3:] == ["--", "/usr/bin/env", "-0"]
+    assert cmd[1:4] == ["--ro-bind", "/", "/"] and "--unshare-net" in cmd and "--die-with-parent" in cmd
+    assert "/tmp/w" in cmd[cmd.index("--bind-try") + 1:] and cmd[cmd.index("--chdir") + 1] == "/tmp"
+    assert not perm.HasField("arg0") and "LD_PRELOAD" not in perm.env
+    dcmd = list(dflt.command)
+    assert dcmd[0] == "bwrap" and "--unshare-net" not in dcmd and "/tmp/s" in dcmd
+    # A session with no sandbox of its own: session_default is the plain program.
+    assert list(bare.command) == ["/usr/bin/env"] and bare.arg0 == "env"
+
+
+async def test_audit_log_one_line_per_decision(service, short_tmp: Path) -> None:
+    log_path = short_tmp / "audit.jsonl"
+    async with service(audit_log=log_path) as server:
+        decisions = [
+            await determine(server.addresses[0], target("/usr/bin/echo", "a b"), session=SESSION),
+            await determine(server.addresses[0], target("/usr/bin/rm", "x", workdir="/var")),
+        ]
+    lines = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert len(lines) == 2
+    fields = {"time", "decision_id", "session_id", "labels", "program", "argv", "workdir", "decision",
+              "rule_id", "reason", "approver", "latency_ms"}
+    assert all(fields <= set(line) for line in lines)
+    first, second = lines
+    assert first["decision_id"] == decisions[0].decision_id and first["decision"] == "run"
+    assert first["session_id"] == "s-1" and first["labels"] == {"agent": "a1"}
+    assert first["program"] == "/usr/bin/echo" and first["argv"] == ["echo", "a b"] and first["workdir"] == "/tmp"
+    assert first["rule_id"] == "echo-run" and first["reason"] == "echo is harmless" and first["approver"] == ""
+    assert isinstance(first["latency_ms"], float) and 0 <= first["latency_ms"] < 5000
+    assert first["time"].endswith("Z")
+    assert second["decision"] == "deny" and second["reason"] == "no deleting" and second["workdir"] == "/var"
+    assert stat.S_IMODE(os.stat(log_path).st_mode) == 0o600
