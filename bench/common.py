@@ -137,7 +137,10 @@ class PolicyProcess:
         argv = [*execgate_cli(), "policy", "serve", "--listen", self.address, "--grace", "0.5"]
         if rules:
             argv += ["--rules", rules]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # Its log (one INFO line per decision) goes to a file: an unread pipe would fill and stall it.
+        self.log_path = Path(directory) / "policy.log"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
         self._wait_ready(Path(directory) / "policy.sock")
 
     def _wait_ready(self, sock: Path, timeout_s: float = 20.0) -> None:
@@ -147,7 +150,7 @@ class PolicyProcess:
         deadline = time.monotonic() + timeout_s
         while not sock.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"policy service did not start: {self.proc.stderr.read().decode()[-400:]}")  # type: ignore[union-attr]
+                raise RuntimeError(f"policy service did not start: {self.log_path.read_text()[-400:]}")
             time.sleep(0.02)
         with grpc.insecure_channel(self.address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
@@ -165,5 +168,3 @@ class PolicyProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
