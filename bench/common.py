@@ -100,6 +100,12 @@ def vm_kib(pid: int | str, key: str) -> int:
     raise KeyError(key)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/PID/stat`` fields 14, 15, proc(5))."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def machine() -> dict[str, str]:
     """nproc, CPU model, kernel, Python version, date (UTC), load average at start."""
     model = "unknown"

@@ -41,7 +41,7 @@ MODES = {
                   sessions=32, execs=5, cold_reps=3),
     "quick": dict(run_n=100, run_reps=3, py_n=20, py_reps=2, esc_n=50, esc_reps=3, rate=1000.0, seconds=2.0,
                   sessions=32, execs=50, cold_reps=10),
-    "full": dict(run_n=500, run_reps=5, py_n=500, py_reps=3, esc_n=200, esc_reps=5, rate=1000.0, seconds=10.0,
+    "full": dict(run_n=500, run_reps=5, py_n=100, py_reps=3, esc_n=200, esc_reps=5, rate=1000.0, seconds=10.0,
                  sessions=32, execs=200, cold_reps=20),
 }
 IDLE_SESSIONS = 100
@@ -105,7 +105,7 @@ def run(params: dict[str, float]) -> list[Figure]:
         try:
             ready_hwm = vm_kib(service.pid, "VmHWM")
             add(latency.decision_latency(service.address, params["rate"], params["seconds"], TARGETS["decision_p99_ms"]))
-            add(sessions.throughput(service.address, int(params["sessions"]), int(params["execs"]),
+            add(sessions.throughput(service.address, service.pid, int(params["sessions"]), int(params["execs"]),
                                     TARGETS["throughput_decisions_per_s"]))
             add(sessions.server_memory(service.address, IDLE_SESSIONS, TARGETS["server_rss_100_sessions_mb"]))
             add(sessions.policy_memory(service.pid, ready_hwm))

@@ -13,7 +13,7 @@ import json
 import subprocess
 import sys
 
-from bench.common import REPO, Figure, check, vm_kib
+from bench.common import REPO, Figure, check, cpu_seconds, vm_kib
 
 
 def _worker(*args: str) -> dict[str, object]:
@@ -24,15 +24,17 @@ def _worker(*args: str) -> dict[str, object]:
     return json.loads(proc.stdout.decode().strip().splitlines()[-1])
 
 
-def throughput(address: str, sessions: int, execs: int, target: str) -> list[Figure]:
+def throughput(address: str, policy_pid: int, sessions: int, execs: int, target: str) -> list[Figure]:
     base = _worker("throughput", "--policy", "inproc", "--sessions", str(sessions), "--execs", str(execs))
+    cpu0 = cpu_seconds(policy_pid)
     run = _worker("throughput", "--policy", address, "--sessions", str(sessions), "--execs", str(execs))
+    run["policy_cpu_s"] = cpu_seconds(policy_pid) - cpu0
     rate = run["decisions"] / run["wall_s"]
     base_rate = base["decisions"] / base["wall_s"]
     errors = int(run["errors"]) + int(run["policy_stats"].get("error", 0))
     note = (f"{sessions} sessions x {execs} execs, protocol clients in a separate process; "
             f"per-exec p50 {run['p50_ms']:.2f} ms p99 {run['p99_ms']:.2f} ms; CPU s: server {run['server_cpu_s']:.2f}, "
-            f"clients {run['driver_cpu_s']:.2f}, wall {run['wall_s']:.2f}")
+            f"policy {run['policy_cpu_s']:.2f}, clients {run['driver_cpu_s']:.2f}, wall {run['wall_s']:.2f}")
     return [
         Figure(name="throughput_decisions_per_s", value=rate, unit="decisions/s", baseline=base_rate,
                baseline_what="same load, in-process always-Run policy (no gRPC) /s", ratio=rate / base_rate,
