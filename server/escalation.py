@@ -164,15 +164,27 @@ def _stdio_map(payload: bytes, fds: list[int]) -> dict[int, int]:
 
 
 def _spawn_or_report(prepared: PreparedExec, stdio: dict[int, int]) -> ChildProcess | int:
-    """Spawn; on failure write one line to the caller's stderr and return 127/126 like a shell."""
+    """Spawn; on failure write one line to the caller's stderr and return 127/126 like a shell.
+
+    The command, env and cwd are spawned as the exact bytes their strings stand for
+    (:func:`protocol.wire_bytes`, non-UTF-8 bytes included), whatever the server's own locale.
+    """
     try:
-        return spawn(prepared.command, env=prepared.env, cwd=prepared.cwd, arg0=prepared.arg0, stdio=stdio)
-    except OSError as exc:
-        log.warning("escalated spawn of %s failed: %s", prepared.command[0], exc)
+        return spawn(
+            [p.wire_bytes(a) for a in prepared.command],
+            env={p.wire_bytes(k): p.wire_bytes(v) for k, v in prepared.env.items()},
+            cwd=p.wire_bytes(prepared.cwd),
+            arg0=None if prepared.arg0 is None else p.wire_bytes(prepared.arg0),
+            stdio=stdio,
+        )
+    except (OSError, ValueError, p.ProtocolError) as exc:  # ValueError: NUL byte or "=" in a name
+        log.warning("escalated spawn of %r failed: %s", prepared.command[0], exc)
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
         if 2 in stdio:
             try:
-                os.write(stdio[2], f"execgate: cannot execute {prepared.command[0]}: {exc.strerror}\n".encode())
-            except OSError:
+                line = f"execgate: cannot execute {prepared.command[0]}: {reason}\n"
+                os.write(stdio[2], line.encode("utf-8", "surrogateescape"))
+            except (OSError, UnicodeEncodeError):
                 pass
         return 127 if isinstance(exc, FileNotFoundError) else 126
 

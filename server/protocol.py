@@ -35,6 +35,20 @@ execgate extensions (Codex peers ignore unknown fields, so both are backward com
     wrapper                                   server (fallback listener)
       | -- connect(EXECGATE_SOCKET_PATH) -------> |   SO_PEERCRED uid check
       | == frame EscalateRequest ===============> |   ... then as above
+
+Bytes that are not UTF-8 (execgate extension of the encoding, same in both wrappers): argv, env
+and paths are byte strings on Linux, JSON strings are Unicode. A wrapper decodes each byte string
+as UTF-8 with Python's ``surrogateescape`` handler (PEP 383): every byte that is not part of a
+valid UTF-8 sequence (RFC 3629: no overlongs, no encoded surrogates, nothing above U+10FFFF)
+becomes the lone surrogate U+DC80..U+DCFF, which the encoder writes as the JSON escape
+``\\udcXX`` (lower-case hex; see :func:`wire_str`, :func:`_dumps`). The frame stays valid UTF-8;
+a strict peer (Codex's serde) rejects such a request and the exec fails closed. The server turns
+the strings back into the exact bytes with :func:`wire_bytes` (``os.fsencode`` under a UTF-8
+locale): the policy sees ``program``/``argv``/``workdir``/``env`` as these ``str`` values
+(``wire_bytes(s)`` is the byte string the caller used), and an escalated command is spawned with
+the bytes themselves. :meth:`EscalateRequest.from_obj` refuses any other lone surrogate and
+canonicalises escapes of bytes that do form valid UTF-8 (``"\\udcc3\\udca9"`` becomes ``"é"``),
+so a policy rule on a name cannot be dodged by spelling the same bytes differently.
 """
 
 from __future__ import annotations
@@ -81,9 +95,34 @@ class ProtocolError(Exception):
     """Raised when a peer's frame or message breaks the escalation protocol."""
 
 
+def wire_str(raw: bytes) -> str:
+    """The JSON string for a byte string (argv item, env name or value, path): UTF-8, with every
+    byte outside a valid sequence as the lone surrogate U+DC00+byte (see the module doc)."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def wire_bytes(text: str) -> bytes:
+    """Inverse of :func:`wire_str`: the exact bytes a request's string stands for.
+
+    Raises:
+        ProtocolError: ``text`` holds a lone surrogate outside U+DC80..U+DCFF.
+    """
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as exc:
+        raise ProtocolError(f"string holds a surrogate that stands for no byte: {exc}") from exc
+
+
+def _canonical(text: str) -> str:
+    # Fast path: almost every string is plain Unicode without surrogates.
+    return text if text.isascii() else wire_str(wire_bytes(text))
+
+
 def _dumps(obj: Any) -> bytes:
-    # Compact separators and insertion order reproduce serde_json's output byte for byte.
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    # Compact separators and insertion order reproduce serde_json's output byte for byte. Lone
+    # surrogates (non-UTF-8 bytes, see the module doc) cannot be encoded as UTF-8: backslashreplace
+    # writes them as the JSON escape \udcXX, exactly as the native wrapper does.
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "backslashreplace")
 
 
 def _expect(cond: bool, what: str) -> None:
@@ -126,7 +165,12 @@ class EscalateRequest:
             isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()),
             "request.env must be an object of strings",
         )
-        return cls(file=file, argv=list(argv), workdir=workdir, env=dict(env))
+        return cls(
+            file=_canonical(file),
+            argv=[_canonical(a) for a in argv],
+            workdir=_canonical(workdir),
+            env={_canonical(k): _canonical(v) for k, v in env.items()},
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,10 +264,16 @@ class SignalMessage:
 
 
 def decode_json(payload: bytes) -> Any:
-    """Decode a frame's UTF-8 JSON payload. Raises ProtocolError on bad UTF-8 or bad JSON."""
+    """Decode a frame's UTF-8 JSON payload (any JSON value; the caller checks its shape).
+
+    Raises:
+        ProtocolError: bad UTF-8, bad JSON, a number too long to convert (``ValueError``), or
+            nesting deeper than the interpreter's recursion limit (``RecursionError``): a hostile
+            peer must not get a traceback out of either side.
+    """
     try:
         return json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ProtocolError(f"frame is not UTF-8 JSON: {exc}") from exc
 
 

@@ -102,11 +102,11 @@ class ChildProcess:
 
 
 def spawn(
-    command: Sequence[str],
+    command: Sequence[str] | Sequence[bytes],
     *,
-    env: Mapping[str, str],
-    cwd: str,
-    arg0: str | None = None,
+    env: Mapping[str, str] | Mapping[bytes, bytes],
+    cwd: str | bytes,
+    arg0: str | bytes | None = None,
     stdio: Mapping[int, int] | None = None,
     pass_fds: Sequence[int] = (),
 ) -> ChildProcess:
@@ -114,6 +114,7 @@ def spawn(
 
     Args:
         command: argv; ``command[0]`` is the path executed (no PATH search beyond execve's).
+            Strings are encoded with ``os.fsencode``; pass bytes to choose the exact bytes.
         env: the complete environment; nothing of the server's own is added.
         cwd: working directory.
         arg0: argv[0] seen by the program (default ``command[0]``).
@@ -122,7 +123,8 @@ def spawn(
         pass_fds: extra fds inherited under the same number (e.g. the session's client socket).
 
     Raises:
-        ValueError: empty command or a destination other than 0, 1, 2.
+        ValueError: empty command, a destination other than 0, 1, 2, a NUL byte in a string
+            or ``=`` in an env name.
         OSError: the exec failed (e.g. ``FileNotFoundError``, ``PermissionError``).
     """
     if not command:

@@ -1,4 +1,4 @@
-"""The Python reference execve wrapper: ``execgate-wrapper FILE ARGV0 [ARGS...]``.
+"""The Python reference execve wrapper: ``execgate-wrapper FILE [ARGV0 ARGS...]``.
 
 A shell honouring ``EXEC_WRAPPER`` (or the preload shim) runs this instead of ``execve(FILE, ARGV)``.
 It asks the session's escalation server what to do (DESIGN.md §2; sequence diagram in
@@ -13,6 +13,11 @@ It asks the session's escalation server what to do (DESIGN.md §2; sequence diag
 Any failure prints one line prefixed ``execgate-wrapper:`` on stderr and exits non-zero (2 usage,
 126 server/protocol failure or non-executable file, 127 file not found); it never runs the program
 unchecked. It runs once per exec, so it imports only light stdlib modules, the protocol and fdpass.
+
+As the native wrapper does: ``FILE`` alone means the caller exec'd with an empty argv (sent as
+``"argv": []`` and kept empty on Run); argv, env and the working directory are taken as the raw
+bytes the caller passed (``os.fsencode``, ``os.environb``, ``os.getcwdb``), sent with non-UTF-8
+bytes as ``\\udcXX`` escapes (module doc of :mod:`execgate.server.protocol`) and exec'd unchanged.
 """
 
 from __future__ import annotations
@@ -98,13 +103,14 @@ def connect(env: dict[str, str]) -> socket.socket:
 
 
 def request_decision(sock: socket.socket, file: str, argv: Sequence[str], env: dict[str, str]) -> p.EscalateResponse:
-    """Send the request and read the response.
+    """Send the request and read the response. ``file``, ``argv`` and ``env`` are in wire form
+    (:func:`protocol.wire_str` of the caller's bytes).
 
     Raises:
         WrapperError: the working directory is unknown, the stream broke, or the answer is malformed.
     """
     try:
-        workdir = os.getcwd()
+        workdir = p.wire_str(os.getcwdb())
     except OSError as exc:
         raise WrapperError(f"cannot determine the working directory: {exc.strerror}") from exc
     request_env = {k: v for k, v in env.items() if k not in p.OVERLAY_ENV_VARS}
@@ -117,14 +123,15 @@ def request_decision(sock: socket.socket, file: str, argv: Sequence[str], env: d
         raise WrapperError(f"no valid answer from the escalation server: {exc}") from exc
 
 
-def run_in_place(file: str, argv: Sequence[str], env: dict[str, str]) -> NoReturn:
-    """execve the original program, keeping the inherited handshake socket open across it.
+def run_in_place(file: bytes, argv: Sequence[bytes], env: dict[bytes, bytes]) -> NoReturn:
+    """execve the original program (the caller's exact bytes), keeping the inherited handshake
+    socket open across it.
 
     Raises:
         WrapperError: execve failed (status 127 if the file does not exist, else 126).
     """
     try:
-        os.set_inheritable(int(env.get(p.ESCALATE_SOCKET_ENV_VAR, "")), True)
+        os.set_inheritable(int(env.get(os.fsencode(p.ESCALATE_SOCKET_ENV_VAR), b"")), True)
     except (ValueError, OSError):
         pass
     # CPython ignores SIGPIPE and SIGXFSZ at startup and execve keeps ignored dispositions: give
@@ -132,10 +139,31 @@ def run_in_place(file: str, argv: Sequence[str], env: dict[str, str]) -> NoRetur
     for name in ("SIGPIPE", "SIGXFSZ"):
         signal.signal(getattr(signal, name), signal.SIG_DFL)
     try:
-        os.execve(file, list(argv), env)
+        if argv and argv[0]:
+            os.execve(file, list(argv), env)
+        _libc_execve(file, argv, env)
     except OSError as exc:
         status = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_FAILURE
-        raise WrapperError(f"cannot execute {file}: {exc.strerror}", status) from exc
+        raise WrapperError(f"cannot execute {p.wire_str(file)}: {exc.strerror}", status) from exc
+
+
+def _libc_execve(file: bytes, argv: Sequence[bytes], env: dict[bytes, bytes]) -> NoReturn:
+    """execve(2) through libc for what ``os.execve`` refuses (ValueError): an empty argv or an
+    empty argv[0], both legal for the kernel and passed on unchanged by the native wrapper.
+    ctypes is imported here only, as such execs are rare and the wrapper runs once per exec.
+
+    Raises:
+        OSError: execve failed (the subclass for its errno, e.g. FileNotFoundError).
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    c_argv = (ctypes.c_char_p * (len(argv) + 1))(*argv, None)
+    entries = [k + b"=" + v for k, v in env.items()]
+    c_env = (ctypes.c_char_p * (len(entries) + 1))(*entries, None)
+    libc.execve(file, c_argv, c_env)
+    err = ctypes.get_errno()
+    raise OSError(err, os.strerror(err), p.wire_str(file))
 
 
 def _dup_stdio() -> list[int]:
@@ -187,24 +215,28 @@ def _forward(sock: socket.socket, signum: int) -> None:
         pass  # the server is gone; the recv in progress will report it
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: ``execgate-wrapper FILE ARGV0 [ARGS...]``; returns the exit status (or execs)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) < 2:
-        sys.stderr.write(f"{_PREFIX}usage: execgate-wrapper FILE ARGV0 [ARGS...]\n")
+def main(argv: Sequence[str | bytes] | None = None) -> int:
+    """Entry point: ``execgate-wrapper FILE [ARGV0 ARGS...]``; returns the exit status (or execs).
+
+    ``FILE`` alone is an exec with an empty argv. ``str`` arguments stand for ``os.fsencode`` of them.
+    """
+    args = [os.fsencode(a) for a in (sys.argv[1:] if argv is None else argv)]
+    if not args:
+        sys.stderr.write(f"{_PREFIX}usage: execgate-wrapper FILE [ARGV0 ARGS...]\n")
         return EXIT_USAGE
     file, exec_argv = args[0], args[1:]
-    env = dict(os.environ)
+    raw_env = dict(os.environb)
+    env = {p.wire_str(k): p.wire_str(v) for k, v in raw_env.items()}
     try:
         with connect(env) as sock:
-            response = request_decision(sock, file, exec_argv, env)
+            response = request_decision(sock, p.wire_str(file), [p.wire_str(a) for a in exec_argv], env)
             if response.action == "Escalate":
                 status = escalate(sock, response.extensions.get(p.SIGNALS_EXTENSION_FIELD) is True)
                 return status if 0 <= status <= 255 else status & 0xFF
         if response.action == "Deny":
             sys.stderr.write(p.deny_message(response.reason) + "\n")
             return p.DENY_EXIT_CODE
-        run_in_place(file, exec_argv, env)
+        run_in_place(file, exec_argv, raw_env)
     except WrapperError as exc:
         sys.stderr.write(f"{_PREFIX}{exc}\n")
         return exc.status

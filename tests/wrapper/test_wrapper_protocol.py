@@ -138,11 +138,7 @@ def test_signals_are_forwarded_when_the_server_offers_it(peer: RawPeer, wrapper_
         "bad-escape", "deep-nesting", "oversized", "eof",
     ],
 )
-def test_broken_answers_fail_closed(peer: RawPeer, wrapper_path: str, wrapper_kind: str, answer: bytes) -> None:
-    if wrapper_kind == "python" and len(answer) > 100_000:
-        # Reported to core: protocol.decode_json lets json's RecursionError escape (a traceback,
-        # status 1: still closed, but not the one-line failure).
-        pytest.xfail("execgate.server.protocol.decode_json does not catch RecursionError")
+def test_broken_answers_fail_closed(peer: RawPeer, wrapper_path: str, answer: bytes) -> None:
     proc = peer.spawn(wrapper_path, ["/bin/echo", "echo", "must-not-run"], peer.overlay(wrapper_path))
     with peer.accept_handshake() as stream:
         read_raw_frame(stream)
@@ -185,9 +181,7 @@ def test_json_string_escaping_round_trips(peer: RawPeer, wrapper_path: str) -> N
     assert request["argv"] == tricky and request["env"]["K\x02"] == 'v"\\'
 
 
-def test_non_utf8_bytes_use_surrogateescape(peer: RawPeer, wrapper_path: str, wrapper_kind: str) -> None:
-    if wrapper_kind == "python":
-        pytest.skip("the encoding of non-UTF-8 bytes is documented for the native wrapper")
+def test_non_utf8_bytes_use_surrogateescape(peer: RawPeer, wrapper_path: str) -> None:
     raw = [b"\xff\xfe", b"ok\xc3", b"\xed\xa0\x80", b"\xc3\xa9"]  # invalid, truncated, surrogate, valid
     proc = peer.spawn(wrapper_path, [b"/bin/true", *raw], peer.overlay(wrapper_path))
     with peer.accept_handshake() as stream:
@@ -198,3 +192,50 @@ def test_non_utf8_bytes_use_surrogateescape(peer: RawPeer, wrapper_path: str, wr
     payload.decode("utf-8")  # the frame itself is valid UTF-8
     assert b"\\udcff\\udcfe" in payload
     assert [os.fsencode(a) for a in json.loads(payload)["argv"]] == raw
+
+
+def test_non_utf8_bytes_in_file_env_and_workdir_round_trip_and_run(peer: RawPeer, wrapper_path: str, tmp_path: Path) -> None:
+    workdir = os.fsencode(tmp_path) + b"/d\xe9\xff"
+    os.mkdir(workdir)
+    script = workdir + b"/t\xfe"
+    with open(script, "wb") as f:
+        f.write(b'#!/bin/sh\nprintf "%s|%s|" "$1" "$K"; pwd\n')
+    os.chmod(script, 0o755)
+    env = {b"K": b"v\x80", b"N\xc3": b"x", **{os.fsencode(k): os.fsencode(v) for k, v in peer.overlay(wrapper_path).items()}}
+    proc = peer.spawn(wrapper_path, [script, b"t", b"a\xff\xc3\xa9"], env, cwd=workdir)  # type: ignore[arg-type]
+    with peer.accept_handshake() as stream:
+        frame, _ = read_raw_frame(stream)
+        stream.sendall(vector("response_run"))
+    out, _ = proc.communicate(timeout=20)
+    request = json.loads(frame[4:].decode("utf-8"))
+    assert os.fsencode(request["file"]) == script and os.fsencode(request["workdir"]) == workdir
+    assert request["argv"] == ["t", "a\udcff\u00e9"]
+    assert request["env"]["K"] == "v\udc80" and request["env"]["N\udcc3"] == "x"
+    assert (proc.returncode, out) == (0, b"a\xff\xc3\xa9|v\x80|" + workdir + b"\n")
+
+
+def test_file_alone_is_an_exec_with_an_empty_argv(peer: RawPeer, wrapper_path: str, tmp_path: Path) -> None:
+    script = tmp_path / "argc"
+    script.write_text('#!/bin/sh\necho "ran $#"\n')
+    script.chmod(0o755)
+    proc = peer.spawn(wrapper_path, [str(script)], peer.overlay(wrapper_path))
+    with peer.accept_handshake() as stream:
+        frame, _ = read_raw_frame(stream)
+        stream.sendall(vector("response_run"))
+    request = json.loads(frame[4:])
+    assert request["file"] == str(script) and request["argv"] == []
+    assert finish(proc) == (0, "ran 0\n", "")
+
+
+def test_empty_argv0_is_passed_on(peer: RawPeer, wrapper_path: str) -> None:
+    proc = peer.spawn(wrapper_path, ["/bin/sh", "", "-c", 'echo "[$0]"'], peer.overlay(wrapper_path))
+    with peer.accept_handshake() as stream:
+        frame, _ = read_raw_frame(stream)
+        stream.sendall(vector("response_run"))
+    assert json.loads(frame[4:])["argv"] == ["", "-c", 'echo "[$0]"']
+    assert finish(proc) == (0, "[]\n", "")
+
+
+def test_no_arguments_at_all_is_a_usage_error(peer: RawPeer, wrapper_path: str) -> None:
+    code, out, err = finish(peer.spawn(wrapper_path, [], peer.overlay(wrapper_path)))
+    assert code == 2 and out == "" and err.startswith("execgate-wrapper: usage: ") and err.count("\n") == 1
