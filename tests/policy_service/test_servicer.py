@@ -147,6 +147,8 @@ async def test_prepared_sandbox_command_lines(service) -> None:
     assert cmd[1:4] == ["--ro-bind", "/", "/"] and "--unshare-net" in cmd and "--die-with-parent" in cmd
     assert "/tmp/w" in cmd[cmd.index("--bind-try") + 1:] and cmd[cmd.index("--chdir") + 1] == "/tmp"
     assert not perm.HasField("arg0") and "LD_PRELOAD" not in perm.env
+    # A granted profile adds to what the session has: its roots, the working dir, the session's roots.
+    assert [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--bind-try"] == ["/tmp/w", "/tmp", "/tmp/s"]
     dcmd = list(dflt.command)
     assert dcmd[0] == "bwrap" and "--unshare-net" not in dcmd and "/tmp/s" in dcmd
     # A session with no sandbox of its own: session_default is the plain program.
