@@ -24,7 +24,6 @@ from typing import AsyncIterator, NamedTuple
 import grpc
 import pytest
 
-from conftest import open_fd_count
 from core_support import request, wait_until
 from execgate.policy_service.server import load_rules, running_service
 from execgate.server import protocol as p
@@ -263,6 +262,11 @@ async def test_errors_and_denials_are_kept_apart(
     assert len(denials) == 1 and "forbidden-deny" in denials[0] and "forbidden by rule" in denials[0], records
     assert len(errors) == 1 and "unavailable" in errors[0], records
     assert len(records) == 2, records
+
+
+def open_fd_count() -> int:
+    """Number of fds open in this process, from /proc/self/fd."""
+    return len(os.listdir("/proc/self/fd"))
 
 
 def _settled(baseline: tuple[int, int]) -> bool:
