@@ -16,6 +16,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from execgate.v1 import policy_pb2 as pb
 from execgate.v1 import policy_pb2_grpc
 
+from policy_fixtures import rules_file, release_grpc_objects, service  # noqa: F401 - fixtures
+
 pytestmark = pytest.mark.anyio
 
 SESSION = pb.SessionContext(session_id="s-1", labels={"agent": "a1"})
