@@ -193,17 +193,25 @@ class DecisionService:
         """
         allow = self.rules.current.evaluate(program, argv).allow_env
         cleaned = clean_env(env, allow)
-        profile = _profile(execution, session)
+        profile = _profile(execution, session, workdir)
         if profile is None:
             return PreparedExec(command=(program, *argv[1:]), cwd=workdir, env=cleaned, arg0=argv[0])
         command = bwrap_argv(profile, cwd=workdir, bwrap=self.bwrap) + [program, *argv[1:]]
         return PreparedExec(command=tuple(command), cwd=workdir, env=cleaned, arg0=None)
 
 
-def _profile(execution: Execution, session: SessionContext) -> Permissions | None:
-    """The sandbox profile an execution asks for, or None for none."""
+def _profile(execution: Execution, session: SessionContext, workdir: str) -> Permissions | None:
+    """The sandbox profile an execution asks for, or None for none.
+
+    A ``permissions`` profile grants more than the session has, never less: its writable roots
+    are joined by the command's working directory and the session sandbox's own writable roots
+    (so that ``git clone . ../copy`` escalated with network still writes where the shell could).
+    """
     if execution.kind == "permissions":
-        return execution.permissions or Permissions()
+        granted = execution.permissions or Permissions()
+        own = session.sandbox.writable_roots if session.sandbox is not None else ()
+        writable = tuple(dict.fromkeys((*granted.writable_roots, workdir, *own)))
+        return Permissions(network=granted.network, writable_roots=writable, readable_roots=granted.readable_roots)
     if execution.kind == "session_default":
         return session.sandbox
     return None

@@ -17,6 +17,8 @@ from execgate.v1 import approvals_pb2_grpc
 from execgate.v1 import policy_pb2 as pb
 from execgate.v1 import policy_pb2_grpc
 
+from policy_fixtures import rules_file, release_grpc_objects, service  # noqa: F401 - fixtures
+
 pytestmark = pytest.mark.anyio
 
 

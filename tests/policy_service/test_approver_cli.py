@@ -11,6 +11,8 @@ import pytest
 from execgate.v1 import policy_pb2 as pb
 from execgate.v1 import policy_pb2_grpc
 
+from policy_fixtures import rules_file, release_grpc_objects, service  # noqa: F401 - fixtures
+
 pytestmark = pytest.mark.anyio
 
 

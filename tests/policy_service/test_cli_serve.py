@@ -20,6 +20,8 @@ from execgate.policy_service.server import serve_embedded
 from execgate.server.grpc_policy import GrpcPolicy
 from execgate.server.policy import SessionContext
 
+from policy_fixtures import rules_file, release_grpc_objects, service  # noqa: F401 - fixtures
+
 pytestmark = pytest.mark.anyio
 
 SESSION = SessionContext("s-1", {"agent": "cli"})

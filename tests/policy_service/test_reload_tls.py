@@ -22,7 +22,7 @@ from execgate.server.policy import SessionContext
 from execgate.v1 import policy_pb2 as pb
 from execgate.v1 import policy_pb2_grpc
 
-from policy_fixtures import RULES, rules_api
+from policy_fixtures import RULES, rules_api, rules_file, release_grpc_objects, service  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.anyio
 

@@ -16,6 +16,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from execgate.v1 import policy_pb2 as pb
 from execgate.v1 import policy_pb2_grpc
 
+from policy_fixtures import rules_file, release_grpc_objects, service  # noqa: F401 - fixtures
+
 pytestmark = pytest.mark.anyio
 
 SESSION = pb.SessionContext(session_id="s-1", labels={"agent": "a1"})
@@ -147,6 +149,8 @@ async def test_prepared_sandbox_command_lines(service) -> None:
     assert cmd[1:4] == ["--ro-bind", "/", "/"] and "--unshare-net" in cmd and "--die-with-parent" in cmd
     assert "/tmp/w" in cmd[cmd.index("--bind-try") + 1:] and cmd[cmd.index("--chdir") + 1] == "/tmp"
     assert not perm.HasField("arg0") and "LD_PRELOAD" not in perm.env
+    # A granted profile adds to what the session has: its roots, the working dir, the session's roots.
+    assert [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--bind-try"] == ["/tmp/w", "/tmp", "/tmp/s"]
     dcmd = list(dflt.command)
     assert dcmd[0] == "bwrap" and "--unshare-net" not in dcmd and "/tmp/s" in dcmd
     # A session with no sandbox of its own: session_default is the plain program.
