@@ -158,11 +158,14 @@ class DecisionService:
         started: float,
     ) -> None:
         latency_ms = (time.monotonic() - started) * 1000.0
-        log.info(
-            "decision %s session=%s %s %s: %s (rule %s)",
-            decision.decision_id, session.session_id, program, list(argv), decision.action,
-            decision.rule_id or "default",
-        )
+        # DEBUG, not INFO: the audit log is the per-decision record; an INFO line per decision
+        # cost ~6 % of the service's CPU at load (BENCHMARKS.md).
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "decision %s session=%s %s %s: %s (rule %s)",
+                decision.decision_id, session.session_id, program, list(argv), decision.action,
+                decision.rule_id or "default",
+            )
         if self.audit is None:
             return
         self.audit.write(
