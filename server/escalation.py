@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from execgate.server import protocol as p
 from execgate.server.fdpass import PeerClosedError, close_fds, recv_frame, send_frame
-from execgate.server.policy import Decision, Execution, Policy, PreparedExec, SessionContext
+from execgate.server.policy import Decision, Execution, Policy, PolicyError, PreparedExec, SessionContext
 from execgate.server.spawn import DEFAULT_KILL_GRACE_S, ChildProcess, spawn
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ async def _decide(policy: Policy, program: str, request: p.EscalateRequest, cont
         decision = await policy.determine_action(program, list(request.argv), request.workdir, context)
     except Exception as exc:  # fail closed: any policy failure is a Deny naming the cause
         log.error("session %s: policy failed for %s: %r", context.session_id, program, exc)
-        return Decision.deny(f"policy error: {exc}", error=True)
+        return Decision.deny(_failure_reason(exc), error=True)
     if not isinstance(decision, Decision) or decision.action not in ("run", "escalate", "deny"):
         log.error("session %s: policy returned %r", context.session_id, decision)
         return Decision.deny("policy error: malformed decision", error=True)
@@ -135,7 +135,7 @@ async def _escalate(
             raise ValueError(f"malformed prepared exec {prepared!r}")
     except Exception as exc:  # fail closed
         log.error("session %s: prepare_escalated_exec failed for %s: %r", context.session_id, program, exc)
-        await _send(conn, p.EscalateResponse("Deny", reason=f"policy error: {exc}"))
+        await _send(conn, p.EscalateResponse("Deny", reason=_failure_reason(exc)))
         return
     await _send(conn, p.EscalateResponse("Escalate", extensions={p.SIGNALS_EXTENSION_FIELD: True}))
     async with asyncio.timeout(limits.request_timeout_s):
@@ -152,6 +152,11 @@ async def _escalate(
     status = await _supervise(conn, child, limits)
     if status is not None:
         await _send(conn, p.SuperExecResult(status))
+
+
+def _failure_reason(exc: Exception) -> str:
+    """The Deny reason for a failed policy call: a PolicyError already names its cause."""
+    return str(exc) if isinstance(exc, PolicyError) else f"policy error: {exc}"
 
 
 def _stdio_map(payload: bytes, fds: list[int]) -> dict[int, int]:

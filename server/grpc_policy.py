@@ -3,8 +3,9 @@
 Failure handling (DESIGN.md §4) is fail closed: whatever goes wrong between the server and the
 policy service — nobody listening, a crash mid-session, a slow or hanging handler, an exception,
 an answer that breaks the contract — ``determine_action`` returns a Deny with ``error=True`` and
-a reason naming the cause, and ``prepare_escalated_exec`` raises :class:`PolicyError`. Nothing
-hangs: every call has a deadline.
+a reason naming the cause, and ``prepare_escalated_exec`` raises :class:`PolicyError` (defined in
+:mod:`execgate.server.policy`, importable from here too). Nothing hangs: every call has a
+deadline.
 
 Deadlines. Ordinary answers must come within ``timeout_s``. A ``prompt`` waits for a person, so
 ``DetermineAction`` is sent with the longer ``prompt_timeout_s`` as its gRPC deadline, but the
@@ -31,7 +32,7 @@ from typing import Any, Mapping, Sequence
 import grpc
 
 from execgate.server import policy_codec as codec
-from execgate.server.policy import Decision, Execution, PreparedExec, SessionContext
+from execgate.server.policy import Decision, Execution, PolicyError, PreparedExec, SessionContext
 from execgate.v1 import policy_pb2 as pb
 from execgate.v1 import policy_pb2_grpc
 
@@ -67,11 +68,6 @@ _CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 )
-
-
-class PolicyError(Exception):
-    """Raised by :meth:`GrpcPolicy.prepare_escalated_exec` when the policy service fails; the
-    message names the cause."""
 
 
 class _NoAnswer(Exception):

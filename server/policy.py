@@ -99,12 +99,18 @@ class PreparedExec:
     arg0: str | None = None
 
 
+class PolicyError(Exception):
+    """Raised by a :class:`Policy` that failed (service down, slow, garbage answer); the message
+    names the cause and is shown to the caller as the Deny reason, unchanged."""
+
+
 @runtime_checkable
 class Policy(Protocol):
     """What the escalation server needs from a policy (in-process object or gRPC client).
 
     Implementations must not raise for ordinary denials; the server turns any exception into a
-    fail-closed Deny whose reason names the cause.
+    fail-closed Deny whose reason names the cause (a :class:`PolicyError`'s message as is, any
+    other exception's text after ``policy error:``).
     """
 
     async def determine_action(

@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import AsyncIterator, Mapping
+from typing import AsyncIterator
 
 #: Status of `execgate run` itself when it cannot start (bad option, bad rules, no sandbox).
 SETUP_FAILED = 2
