@@ -1,0 +1,86 @@
+"""Figures 1, 2 and 6: added cost per gated exec on the Run and Escalate paths, and cold start.
+
+Every figure is a difference of wall times of whole runs, so the fixed start-up cost cancels: a
+script running ``/bin/true`` N times is timed at N and at 0 (a bash arithmetic loop, so that the
+loop itself execs nothing), under plain bash and under ``execgate run --sandbox none -q`` (embedded
+policy service, preload interception). Per exec = (median T(N) - median T(0)) / N; the runs of the
+configurations are interleaved so that background load hits them alike.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+from bench.common import ESCALATE_TRUE_RULES, Figure, check, execgate_cli, median, timed_run
+
+
+def loop_script(n: int, program: str = "/bin/true") -> str:
+    return f"i=0; while [ $i -lt {n} ]; do {program}; i=$((i+1)); done"
+
+
+def _per_exec(runner: Callable[[int], float], n: int, reps: int, times: dict[str, list[float]], key: str) -> None:
+    times.setdefault(f"{key}@0", []).append(runner(0))
+    times.setdefault(f"{key}@{n}", []).append(runner(n))
+
+
+def measure_gated(
+    name: str, *, n: int, reps: int, cwd: str, wrapper: str, rules: str | None, target: str, what: str
+) -> Figure:
+    """Added ms per exec of ``execgate run`` (``wrapper``, optional ``rules``) over plain bash."""
+    env = {**os.environ}
+    env.pop("LD_PRELOAD", None)
+    gate = [*execgate_cli(), "run", "--sandbox", "none", "-q", "--wrapper", wrapper]
+    if rules:
+        gate += ["--rules", rules]
+    runners = {
+        "bash": lambda k: timed_run(["bash", "-c", loop_script(k)], cwd=cwd, env=env),
+        "gated": lambda k: timed_run([*gate, "--", loop_script(k)], cwd=cwd, env=env),
+    }
+    times: dict[str, list[float]] = {}
+    for _ in range(reps):
+        for key, runner in runners.items():
+            _per_exec(runner, n, reps, times, key)
+    per = {k: (median(times[f"{k}@{n}"]) - median(times[f"{k}@0"])) / n * 1000 for k in runners}
+    added = per["gated"] - per["bash"]
+    return Figure(
+        name=name, value=added, unit="ms/exec added", baseline=per["bash"], baseline_what="plain bash ms/exec",
+        ratio=per["gated"] / per["bash"] if per["bash"] > 0 else None, target=target, met=check(added, target),
+        notes=f"{what}; N={n}, {reps} reps, median; gated total {per['gated']:.3f} ms/exec",
+        samples={k: [round(x, 4) for x in v] for k, v in times.items()},
+    )
+
+
+def run_path(n: int, reps: int, cwd: str, wrapper: str, target: str) -> Figure:
+    return measure_gated(
+        f"run_{wrapper}_ms_per_exec", n=n, reps=reps, cwd=cwd, wrapper=wrapper, rules=None, target=target,
+        what=f"Run decision, {wrapper} wrapper, shipped rules",
+    )
+
+
+def escalate_path(n: int, reps: int, cwd: str, wrapper: str, target: str) -> Figure:
+    rules = Path(cwd) / "escalate-true.toml"
+    rules.write_text(ESCALATE_TRUE_RULES)
+    return measure_gated(
+        f"escalate_{wrapper}_ms_per_exec", n=n, reps=reps, cwd=cwd, wrapper=wrapper, rules=str(rules),
+        target=target, what=f"Escalate (unsandboxed) decision, {wrapper} wrapper",
+    )
+
+
+def cold_start(reps: int, cwd: str, target: str) -> Figure:
+    """Median wall time of ``execgate run --sandbox none -q -- true`` vs ``bash -c true``."""
+    env = {**os.environ}
+    env.pop("LD_PRELOAD", None)
+    gate = [*execgate_cli(), "run", "--sandbox", "none", "-q", "--", "true"]
+    times: dict[str, list[float]] = {"bash": [], "gated": []}
+    for _ in range(reps):
+        times["bash"].append(timed_run(["bash", "-c", "true"], cwd=cwd, env=env))
+        times["gated"].append(timed_run(gate, cwd=cwd, env=env))
+    bash_ms, gated_ms = median(times["bash"]) * 1000, median(times["gated"]) * 1000
+    return Figure(
+        name="cold_start_ms", value=gated_ms, unit="ms", baseline=bash_ms, baseline_what="bash -c true ms",
+        ratio=gated_ms / bash_ms, target=target, met=check(gated_ms, target),
+        notes=f"execgate run --sandbox none -- true; {reps} runs, median; min {min(times['gated'])*1000:.0f} ms",
+        samples={k: [round(x, 4) for x in v] for k, v in times.items()},
+    )
