@@ -1,8 +1,9 @@
 """The ``execgate`` command line: one entry point, one sub-command module per component.
 
 Sub-commands register themselves through a ``register(subparsers)`` function:
-``execgate run`` (:mod:`execgate.server.run_cmd`), ``execgate policy serve|check`` and
-``execgate approve`` (:mod:`execgate.policy_service.cli`).
+``execgate run`` (:mod:`execgate.server.run_cmd`), ``execgate policy serve|check|health`` and
+``execgate approve`` (:mod:`execgate.policy_service.cli`). Only the module of the command being run
+is imported (all of them for top-level ``--help``): start-up time is paid by every ``execgate run``.
 """
 
 from __future__ import annotations
@@ -12,31 +13,49 @@ import importlib
 import sys
 from typing import Sequence
 
-# Each module exposes register(subparsers); each registered parser sets `func(args) -> int`.
-_COMMAND_MODULES = ("execgate.server.run_cmd", "execgate.policy_service.cli")
+# command name -> module exposing register(subparsers); each parser sets `func(args) -> int`.
+_COMMANDS = {
+    "run": "execgate.server.run_cmd",
+    "policy": "execgate.policy_service.cli",
+    "approve": "execgate.policy_service.cli",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _VersionAction(argparse.Action):
+    """``--version``, reading the installed version only when asked (importlib.metadata is slow)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            ver = version("execgate")
+        except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+            ver = "unknown"
+        sys.stdout.write(f"execgate {ver}\n")
+        parser.exit()
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser, with only the sub-command named in ``argv`` registered (all if none is)."""
     parser = argparse.ArgumentParser(
         prog="execgate",
         description="Gate every exec of a sandboxed shell through a gRPC policy service.",
     )
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        ver = version("execgate")
-    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-        ver = "unknown"
-    parser.add_argument("--version", action="version", version=f"execgate {ver}")
+    parser.add_argument("--version", action=_VersionAction)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in _COMMAND_MODULES:
+    first = next((a for a in (argv or ()) if not a.startswith("-")), None)
+    modules = [_COMMANDS[first]] if first in _COMMANDS else list(dict.fromkeys(_COMMANDS.values()))
+    for name in modules:
         importlib.import_module(name).register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     return int(args.func(args) or 0)
 
 

@@ -1,0 +1,95 @@
+"""A ``prompt`` rule answered by a person: ``execgate policy serve`` and ``execgate approve`` as
+processes, ``execgate run --policy unix:///…`` against them. Approved, the command escalates;
+denied, the script sees the approver's reason."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from run_support import CLI, audit_records, execgate, write_rules
+
+pytestmark = pytest.mark.e2e
+
+RULES = """
+[[rule]]
+id = "ask-touch"
+program = "touch"
+decision = "prompt"
+execution = "unsandboxed"
+justification = "touching files needs a person"
+match = ["touch x"]
+"""
+
+
+def _wait_healthy(address: str, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"policy serve exited with {proc.returncode}"
+        if execgate("policy", "health", "--policy", address, timeout=10).returncode == 0:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"policy service at {address} never became healthy")
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None and not stream.closed:
+            stream.close()
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_prompt_approved_escalates_and_denied_gives_the_approvers_reason(short_tmp: Path):
+    rules = write_rules(short_tmp / "rules.toml", RULES)
+    address = f"unix://{short_tmp}/policy.sock"
+    log = short_tmp / "audit.jsonl"
+    work = short_tmp / "work"
+    work.mkdir()
+    outside = short_tmp / "outside"  # hidden by the sandbox's private /tmp: only an escalation can create it
+    serve_log = (short_tmp / "serve.log").open("w")
+    serve = subprocess.Popen(
+        [*CLI, "policy", "serve", "--listen", address, "--rules", str(rules), "--audit-log", str(log),
+         "--approver-wait", "20", "--approval-timeout", "30"],
+        stdout=subprocess.DEVNULL, stderr=serve_log, text=True,
+    )
+    serve_log.close()
+    approver = None
+    try:
+        _wait_healthy(address, serve)
+        approver = subprocess.Popen(
+            [*CLI, "approve", "--policy", address, "--name", "e2e-person"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        assert approver.stdin is not None
+        # Answers for the two prompts in order: approve once; deny with a reason.
+        approver.stdin.write("y\nn\nnot on a friday\n")
+        approver.stdin.flush()
+
+        script = f'touch {outside}; echo "first=$?"; touch {outside}-2; echo "second=$?"'
+        done = execgate("run", "--policy", address, "--sandbox", "bwrap", "--cwd", str(work), "-q", "--", script)
+        shown, _ = approver.communicate(timeout=30)
+    finally:
+        for proc in (approver, serve):
+            if proc is not None:
+                _stop(proc)
+
+    assert done.stdout == "first=0\nsecond=1\n", done.stderr
+    assert done.stderr == "Execution denied: not on a friday\n"
+    assert done.returncode == 0
+    assert outside.exists() and not Path(f"{outside}-2").exists()
+    assert shown.count("rule:    ask-touch — touching files needs a person") == 2
+    assert shown.count("   sent\n") == 2
+    touches = [r for r in audit_records(log) if r["argv"][0] == "touch"]
+    assert [(r["decision"], r["rule_id"], r["approver"]) for r in touches] == [
+        ("escalate", "ask-touch", "e2e-person"), ("deny", "ask-touch", "e2e-person"),
+    ]
+    assert touches[1]["reason"] == "not on a friday"

@@ -1,0 +1,115 @@
+"""``execgate run`` as a user meets it: denials that the script survives, ``--json`` results,
+``--timeout`` killing everything the script started, the sandbox note, bad rules files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from run_support import CLI, audit_records, execgate, processes_with_argv, write_rules
+
+pytestmark = pytest.mark.e2e
+
+PRIVILEGE_REASON = "privilege escalation is not allowed; ask the operator to change the environment instead"
+
+
+@pytest.mark.parametrize("wrapper", ["native", "python"])
+def test_denied_command_prints_reason_and_script_carries_on(tmp_path, wrapper):
+    log = tmp_path / "audit.jsonl"
+    done = execgate("run", "-q", "--sandbox", "none", "--wrapper", wrapper, "--audit-log", str(log),
+                    "--cwd", str(tmp_path), "--", 'su -c true; echo "status=$?"; echo after')
+    assert done.stdout == "status=1\nafter\n"
+    assert done.stderr == f"Execution denied: {PRIVILEGE_REASON}\n"
+    assert done.returncode == 0
+    denied = [r for r in audit_records(log) if r["decision"] == "deny"]
+    assert [(r["argv"], r["rule_id"], r["reason"]) for r in denied] == [(["su", "-c", "true"], "privilege-tools", PRIVILEGE_REASON)]
+
+
+@pytest.mark.parametrize("sandbox", ["bwrap", "none"])
+def test_json_result_matches_the_script(tmp_path, sandbox):
+    script = 'echo out; echo err >&2; printf "%s" "$(su -c true 2>&1)" >&2; echo; exit 3'
+    done = execgate("run", "-q", "--json", "--sandbox", sandbox, "--cwd", str(tmp_path), "--", script)
+    result = json.loads(done.stdout)
+    assert done.returncode == 3
+    assert result["exit_code"] == 3 and result["timed_out"] is False
+    assert result["stdout"] == "out\n\n"
+    assert result["stderr"] == f"err\nExecution denied: {PRIVILEGE_REASON}"
+    assert sorted(result["output"]) == sorted(result["stdout"] + result["stderr"])
+    assert result["duration"] >= 0
+    assert done.stderr == ""
+    # The same script outside execgate (su replaced by the denial it gets) gives the same bytes.
+    plain = subprocess.run(["bash", "-c", script.replace("su -c true", f"echo 'Execution denied: {PRIVILEGE_REASON}'")],
+                           capture_output=True, text=True, timeout=30, check=False)
+    assert (plain.returncode, plain.stdout, plain.stderr) == (3, result["stdout"], result["stderr"])
+
+
+def test_timeout_kills_sandboxed_and_escalated_children(tmp_path):
+    token = f"{os.getpid()}{time.monotonic_ns() % 100000}"
+    inside, outside = f"300.{token}", f"301.{token}"
+    rules = write_rules(tmp_path / "rules.toml", f"""
+[[rule]]
+id = "sleep-out"
+program = "sleep"
+prefix = ["{outside}"]
+decision = "escalate"
+execution = "unsandboxed"
+""")
+    log = tmp_path / "audit.jsonl"
+    proc = subprocess.Popen(
+        [*CLI, "run", "--sandbox", "bwrap", "--rules", str(rules), "--audit-log", str(log), "--timeout", "2",
+         "--cwd", str(tmp_path), "--", f"sleep {inside} & sleep {outside}; echo never"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    seen: set[str] = set()
+    try:
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            seen.update(a for a in (inside, outside) if processes_with_argv(["sleep", a]))
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert seen == {inside, outside}, "both sleeps ran"
+    assert proc.returncode == 124
+    assert out == ""
+    assert "timed out after 2 s" in err
+    assert processes_with_argv(["sleep", inside]) == []
+    assert processes_with_argv(["sleep", outside]) == []
+    decisions = {r["argv"][1]: r["decision"] for r in audit_records(log) if r["argv"][0] == "sleep"}
+    assert decisions == {inside: "run", outside: "escalate"}
+
+
+def test_sandbox_auto_says_what_it_chose(tmp_path):
+    done = execgate("run", "--sandbox", "auto", "--cwd", str(tmp_path), "--", "echo ok")
+    assert done.returncode == 0 and done.stdout == "ok\n"
+    notes = [line for line in done.stderr.splitlines() if line.startswith("execgate: sandbox: ")]
+    assert len(notes) == 1
+    assert notes[0].startswith(("execgate: sandbox: bwrap (auto:", "execgate: sandbox: none ("))
+    quiet = execgate("run", "-q", "--sandbox", "auto", "--cwd", str(tmp_path), "--", "echo ok")
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "ok\n", "")
+
+
+@pytest.mark.parametrize(
+    ("body", "complaint"),
+    [
+        ('program = "git"\nprefix = ["push"]\ndecision = "deny"\nmatch = ["git status"]',
+         "match example 'git status' is not matched"),
+        ('program = "git"\ndecision = "maybe"', "decision must be one of"),
+    ],
+    ids=["failing-example", "bad-decision"],
+)
+def test_bad_rules_file_exits_2_naming_file_and_rule(tmp_path, body, complaint):
+    rules = write_rules(tmp_path / "broken.toml", f'[[rule]]\nid = "good"\nprogram = "ls"\ndecision = "run"\n\n[[rule]]\nid = "the-bad-one"\n{body}\n')
+    marker = tmp_path / "ran"
+    done = execgate("run", "-q", "--sandbox", "none", "--rules", str(rules), "--cwd", str(tmp_path), "--", f"touch {marker}")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert str(rules) in done.stderr and "'the-bad-one' (#2)" in done.stderr and complaint in done.stderr
+    assert not marker.exists()
