@@ -69,7 +69,7 @@ static char eg_self[PATH_MAX];         /* path of this library, as loaded */
 static char eg_preload_entry[PATH_MAX + 16]; /* "LD_PRELOAD=<eg_self>" */
 static char eg_depth_entry[48];        /* "EXECGATE_DEPTH=<depth + 1>" */
 static long eg_depth, eg_max_depth;
-static int eg_binfmt_misc;             /* binfmt_misc has registered formats */
+static int eg_binfmt_misc = -1;        /* binfmt_misc has registered formats; -1: not looked yet */
 static char eg_pool[16384];            /* storage of eg_saved */
 static const char *eg_saved[EG_SAVED_MAX]; /* "NAME=value" entries restored where missing */
 static int eg_nsaved;
@@ -178,7 +178,6 @@ static void eg_init(void)
         if (eg_is_saved_name(*e))
             eg_save(*e);
     eg_capture_socket_id();
-    eg_binfmt_misc = eg_detect_binfmt_misc();
     eg_real_posix_spawn = (eg_spawn_fn)dlsym(RTLD_NEXT, "posix_spawn");
     eg_ready = 1;
 }
@@ -342,7 +341,15 @@ static int eg_precheck(const char *path, int *script)
             return ENOENT;
         return 0;
     }
-    if (eg_binfmt_misc)
+    /* Looked up here, on the rare exec of a file with no known format, not in the constructor:
+     * every process pays for the constructor, and the directory read is 4 system calls. A race
+     * between threads only repeats the lookup. */
+    int binfmt = __atomic_load_n(&eg_binfmt_misc, __ATOMIC_RELAXED);
+    if (binfmt < 0) {
+        binfmt = eg_detect_binfmt_misc();
+        __atomic_store_n(&eg_binfmt_misc, binfmt, __ATOMIC_RELAXED);
+    }
+    if (binfmt)
         return 0;
     *script = 1;
     return ENOEXEC;
