@@ -220,7 +220,7 @@ class GrpcPolicy:
         request = pb.PrepareEscalatedExecRequest(
             session=codec.session_to_pb(session),
             target=codec.target_to_pb(program, argv, workdir),
-            env=dict(env),
+            env={codec.wire_text(k): codec.wire_text(v) for k, v in env.items()},
             execution=codec.execution_to_pb(execution),
         )
         try:
@@ -232,7 +232,8 @@ class GrpcPolicy:
             )
             if not response.HasField("prepared"):
                 raise codec.CodecError("PreparedExec missing from the answer")
-            return codec.prepared_from_pb(response.prepared)
+            prepared = codec.prepared_from_pb(response.prepared)
+            return codec.restore_text(prepared, (program, *argv, workdir, *env.keys(), *env.values()))
         except (grpc.aio.AioRpcError, codec.CodecError) as exc:
             cause = self._describe(exc)
             self.stats["error"] += 1

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import AsyncIterator
@@ -149,8 +150,6 @@ def _stream(stream: str, data: bytes) -> None:
 
 async def run(args: argparse.Namespace) -> int:
     """Run ``args.script`` as ``execgate run`` does; returns the exit status to use."""
-    from execgate.server.escalate_server import EscalateServer
-    from execgate.server.grpc_policy import GrpcPolicy
     from execgate.server.sandbox import SandboxError, choose_sandbox
 
     workdir = os.path.abspath(args.cwd or os.getcwd())
@@ -169,6 +168,38 @@ async def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"execgate: {sandbox.note}", file=sys.stderr, flush=True)
     token = Path(args.token_file).read_text().strip() if args.token_file else None
+    received = _cancel_on_signals()
+    try:
+        return await _run_session(args, shell, wrapper, sandbox, extra_env, workdir, labels, token)
+    except asyncio.CancelledError:
+        if not received:
+            raise
+        name = signal.Signals(received[0]).name
+        print(f"execgate: {name}; killed everything the script started", file=sys.stderr)
+        return 128 + received[0]
+
+
+def _cancel_on_signals() -> list[int]:
+    """SIGTERM and SIGHUP cancel the run as a timeout does (the shell's and every escalated
+    process group are killed); returns the list the caught signal numbers are put in."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    received: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        if task is not None:
+            task.cancel()
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(signum, on_signal, signum)
+    return received
+
+
+async def _run_session(args, shell, wrapper, sandbox, extra_env, workdir, labels, token) -> int:  # type: ignore[no-untyped-def]
+    from execgate.server.escalate_server import EscalateServer
+    from execgate.server.grpc_policy import GrpcPolicy
+
     async with policy_address(args) as address:
         policy = GrpcPolicy(address, token=token)
         try:

@@ -113,3 +113,40 @@ def test_bad_rules_file_exits_2_naming_file_and_rule(tmp_path, body, complaint):
     assert done.stdout == ""
     assert str(rules) in done.stderr and "'the-bad-one' (#2)" in done.stderr and complaint in done.stderr
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_signal_to_execgate_run_kills_sandboxed_and_escalated_children(tmp_path, signum):
+    token = f"{os.getpid()}{time.monotonic_ns() % 100000}"
+    inside, outside = f"302.{token}", f"303.{token}"
+    rules = write_rules(tmp_path / "rules.toml", f"""
+[[rule]]
+id = "sleep-out"
+program = "sleep"
+prefix = ["{outside}"]
+decision = "escalate"
+execution = "unsandboxed"
+""")
+    proc = subprocess.Popen(
+        [*CLI, "run", "-q", "--sandbox", "none", "--rules", str(rules), "--cwd", str(tmp_path), "--",
+         f"sleep {inside} & sleep {outside}; echo never"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (
+            processes_with_argv(["sleep", inside]) and processes_with_argv(["sleep", outside])
+        ):
+            time.sleep(0.05)
+        assert processes_with_argv(["sleep", inside]) and processes_with_argv(["sleep", outside]), "both sleeps ran"
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signum
+    assert out == ""
+    assert f"execgate: {signal.Signals(signum).name}; killed everything the script started" in err
+    assert processes_with_argv(["sleep", inside]) == []
+    assert processes_with_argv(["sleep", outside]) == []

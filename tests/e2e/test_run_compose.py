@@ -101,6 +101,6 @@ def test_compose_services_run_as_local_processes(short_tmp: Path):
     assert {r["labels"].get("agent") for r in records} == {"compose"}
     assert len({r["session_id"] for r in records}) == 1
     decided = [(r["argv"][0], r["decision"], r["rule_id"]) for r in records]
-    assert ("su", "deny", "privilege") in decided
+    assert ("su", "deny", "compose-privilege") in decided
     assert ("printf", "run", "") not in decided  # a bash builtin: no exec, no decision
     assert [d for d in decided if d[0] == "wc"] == [("wc", "run", "")]
