@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -199,8 +200,21 @@ def _stream(stream: str, data: bytes) -> None:
     out.flush()
 
 
-async def run(args: argparse.Namespace) -> int:
-    """Run ``args.script`` as ``execgate run`` does; returns the exit status to use."""
+@dataclass(frozen=True)
+class _Plan:
+    """What ``execgate run`` resolved from its options before starting anything."""
+
+    shell: str
+    wrapper: Path
+    sandbox: object  # execgate.server.sandbox.ShellSandbox
+    extra_env: object
+    workdir: str
+    labels: dict[str, str]
+    token: str | None
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    """Resolve the options. Raises RunSetupError with a one-line reason."""
     from execgate.server.sandbox import SandboxError, choose_sandbox
 
     workdir = os.path.abspath(args.cwd or os.getcwd())
@@ -210,18 +224,24 @@ async def run(args: argparse.Namespace) -> int:
     if shell is None:
         raise RunSetupError(f"--shell {args.shell}: not found")
     labels = parse_labels(args.label)
+    token = read_token(args.token_file)
     wrapper = wrapper_path(args.wrapper)
     visible, extra_env = interception_env(args.intercept, wrapper, shell)
     try:
         sandbox = choose_sandbox(args.sandbox, workdir=workdir, readable=[sys.prefix, *visible])
     except SandboxError as exc:
         raise RunSetupError(f"--sandbox bwrap: {exc}") from exc
+    return _Plan(shell, wrapper, sandbox, extra_env, workdir, labels, token)
+
+
+async def run(args: argparse.Namespace) -> int:
+    """Run ``args.script`` as ``execgate run`` does; returns the exit status to use."""
+    plan = _plan(args)
     if not args.quiet:
-        print(f"execgate: {sandbox.note}", file=sys.stderr, flush=True)
-    token = read_token(args.token_file)
+        print(f"execgate: {plan.sandbox.note}", file=sys.stderr, flush=True)  # type: ignore[attr-defined]
     received = _cancel_on_signals()
     try:
-        return await _run_session(args, shell, wrapper, sandbox, extra_env, workdir, labels, token)
+        return await _run_session(args, plan)
     except asyncio.CancelledError:
         if not received:
             raise
@@ -247,17 +267,18 @@ def _cancel_on_signals() -> list[int]:
     return received
 
 
-async def _run_session(args, shell, wrapper, sandbox, extra_env, workdir, labels, token) -> int:  # type: ignore[no-untyped-def]
+async def _run_session(args: argparse.Namespace, plan: _Plan) -> int:
     from execgate.server.escalate_server import EscalateServer
     from execgate.server.grpc_policy import GrpcPolicy
 
     async with policy_address(args) as address:
-        policy = GrpcPolicy(address, token=token)
+        policy = GrpcPolicy(address, token=plan.token)
         try:
-            server = EscalateServer(shell, str(wrapper), policy, launcher=sandbox, extra_env=extra_env)
+            server = EscalateServer(plan.shell, str(plan.wrapper), policy, launcher=plan.sandbox,  # type: ignore[arg-type]
+                                    extra_env=plan.extra_env)  # type: ignore[arg-type]
             result = await server.exec(
-                " ".join(args.script), workdir, timeout_s=args.timeout, login=args.login,
-                on_output=None if args.json else _stream, labels=labels,
+                " ".join(args.script), plan.workdir, timeout_s=args.timeout, login=args.login,
+                on_output=None if args.json else _stream, labels=plan.labels,
             )
         finally:
             await policy.aclose()
