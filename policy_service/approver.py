@@ -42,6 +42,7 @@ class LineReader:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[str | None] = asyncio.Queue()
         self._eof = asyncio.Event()
+        self._ended = False  # the end of input was read: every later readline answers None at once
         threading.Thread(target=self._pump, args=(stream,), daemon=True, name="execgate-approve-stdin").start()
 
     def _pump(self, stream: TextIO) -> None:
@@ -56,8 +57,12 @@ class LineReader:
         return self._eof.is_set() and self._queue.qsize() <= 1
 
     async def readline(self) -> str | None:
-        """The next line without its newline, or None at end of input."""
-        return await self._queue.get()
+        """The next line without its newline, or None at (and after) the end of input."""
+        if self._ended:
+            return None
+        line = await self._queue.get()
+        self._ended = line is None
+        return line
 
 
 def describe(pending: apb.PendingApproval) -> str:

@@ -227,7 +227,7 @@ def expand_paths(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str
     """Turn files and directories into the list of rules files to load, in order.
 
     Raises:
-        RulesError: a path does not exist or a directory cannot be listed.
+        RulesError: a path does not exist, or a directory cannot be listed or holds no rules file.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
@@ -236,9 +236,13 @@ def expand_paths(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str
         path = Path(raw)
         if path.is_dir():
             try:
-                out.extend(sorted(p for p in path.iterdir() if p.suffix in _SUFFIXES))
+                found = sorted(p for p in path.iterdir() if p.suffix in _SUFFIXES)
             except OSError as exc:
                 raise RulesError(f"{path}: cannot list rules directory: {exc}") from exc
+            if not found:
+                # e.g. a bind mount whose source was missing: never fall back to the default silently.
+                raise RulesError(f"{path}: rules directory holds no .toml or .rules file")
+            out.extend(found)
         elif not path.exists():
             raise RulesError(f"{path}: no such rules file")
         else:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
+import math
 import os
 import shutil
 import signal
@@ -52,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         help="execve wrapper run once per exec (default: native)")
     parser.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto",
                         help="auto: bwrap when it works here (default); bwrap: require it; none: unconfined")
-    parser.add_argument("--timeout", metavar="SECONDS", type=float, default=None,
+    parser.add_argument("--timeout", metavar="SECONDS", type=_seconds, default=None,
                         help="kill the script and everything it started after SECONDS (status 124)")
     parser.add_argument("--cwd", metavar="DIR", default=None, help="working directory (default: the current one)")
     parser.add_argument("--label", metavar="KEY=VALUE", action="append", default=[],
@@ -63,7 +65,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.set_defaults(func=main)
 
 
+def _seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
 def main(args: argparse.Namespace) -> int:
+    # execgate's own messages share the script's stderr: say whose they are.
+    logging.basicConfig(format="execgate: %(levelname)s: %(message)s", level=logging.WARNING)
     try:
         import uvloop
 
@@ -87,6 +102,19 @@ def parse_labels(items: list[str]) -> dict[str, str]:
     return labels
 
 
+def read_token(path: str | None) -> str | None:
+    """The bearer token in ``path`` (stripped), or None. Raises RunSetupError if unreadable or empty."""
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise RunSetupError(f"--token-file {path}: {exc.strerror or exc}") from exc
+    if not token:
+        raise RunSetupError(f"--token-file {path}: the file is empty")
+    return token
+
+
 def wrapper_path(kind: str) -> Path:
     """The execve wrapper executable for ``--wrapper native|python``. Raises RunSetupError."""
     if kind == "native":
@@ -103,9 +131,32 @@ def wrapper_path(kind: str) -> Path:
     return Path(found).absolute()
 
 
-def interception_env(kind: str, wrapper: Path) -> tuple[list[str], object]:
-    """Paths the sandbox must keep visible, and the server's ``extra_env`` hook."""
+def shell_honours_exec_wrapper(shell: str) -> bool:
+    """True if ``shell`` runs ``EXEC_WRAPPER FILE ARGV…`` instead of exec'ing FILE itself (Codex's
+    patched bash and zsh do; stock shells do not, and would run everything unchecked)."""
+    import subprocess
+
+    env = {"PATH": os.environ.get("PATH", os.defpath), "EXEC_WRAPPER": "/bin/echo"}
+    try:
+        done = subprocess.run([shell, "-c", "/bin/true execgate-probe"], env=env, capture_output=True,
+                              timeout=10, check=False, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return b"execgate-probe" in done.stdout
+
+
+def interception_env(kind: str, wrapper: Path, shell: str) -> tuple[list[str], object]:
+    """Paths the sandbox must keep visible, and the server's ``extra_env`` hook.
+
+    Raises:
+        RunSetupError: ``exec-wrapper`` with a shell that does not honour ``EXEC_WRAPPER``.
+    """
     if kind == "exec-wrapper":
+        if not shell_honours_exec_wrapper(shell):
+            raise RunSetupError(
+                f"--intercept exec-wrapper: {shell} does not honour EXEC_WRAPPER (a stock shell would "
+                "run every command unchecked); use --intercept preload, or a patched shell"
+            )
         return [str(wrapper.parent)], None
     from execgate.wrapper.artifacts import NativeArtifactMissing, preload_library_path
     from execgate.wrapper.interception import preload_env
@@ -160,14 +211,14 @@ async def run(args: argparse.Namespace) -> int:
         raise RunSetupError(f"--shell {args.shell}: not found")
     labels = parse_labels(args.label)
     wrapper = wrapper_path(args.wrapper)
-    visible, extra_env = interception_env(args.intercept, wrapper)
+    visible, extra_env = interception_env(args.intercept, wrapper, shell)
     try:
         sandbox = choose_sandbox(args.sandbox, workdir=workdir, readable=[sys.prefix, *visible])
     except SandboxError as exc:
         raise RunSetupError(f"--sandbox bwrap: {exc}") from exc
     if not args.quiet:
         print(f"execgate: {sandbox.note}", file=sys.stderr, flush=True)
-    token = Path(args.token_file).read_text().strip() if args.token_file else None
+    token = read_token(args.token_file)
     received = _cancel_on_signals()
     try:
         return await _run_session(args, shell, wrapper, sandbox, extra_env, workdir, labels, token)

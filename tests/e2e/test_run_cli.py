@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -150,3 +151,55 @@ execution = "unsandboxed"
     assert f"execgate: {signal.Signals(signum).name}; killed everything the script started" in err
     assert processes_with_argv(["sleep", inside]) == []
     assert processes_with_argv(["sleep", outside]) == []
+
+
+FAKE_PATCHED_SHELL = """#!{python}
+# A minimal shell that honours EXEC_WRAPPER as Codex's patched bash does: each ';'-separated
+# command runs as `EXEC_WRAPPER FILE ARGV0 ARGV1 ...`; prints each status.
+import os, shlex, shutil, subprocess, sys
+script = sys.argv[sys.argv.index("-c") + 1] if "-c" in sys.argv else sys.argv[sys.argv.index("-lc") + 1]
+for command in script.split(";"):
+    argv = shlex.split(command)
+    wrapper = os.environ.get("EXEC_WRAPPER")
+    run = [wrapper, shutil.which(argv[0]) or argv[0], *argv] if wrapper else argv
+    status = subprocess.run(run, pass_fds=[int(os.environ.get("CODEX_ESCALATE_SOCKET", "0"))]).returncode
+    print(f"status={{status}}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("wrapper", ["native", "python"])
+def test_exec_wrapper_interception_with_a_shell_that_honours_it(tmp_path, wrapper):
+    shell = tmp_path / "patched-sh"
+    shell.write_text(FAKE_PATCHED_SHELL.format(python=sys.executable))
+    shell.chmod(0o755)
+    log = tmp_path / "audit.jsonl"
+    done = execgate("run", "-q", "--sandbox", "none", "--intercept", "exec-wrapper", "--wrapper", wrapper,
+                    "--shell", str(shell), "--audit-log", str(log), "--cwd", str(tmp_path), "--",
+                    "echo gated; su -c true")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "gated\nstatus=0\nstatus=1\n"
+    assert done.stderr == f"Execution denied: {PRIVILEGE_REASON}\n"
+    assert [(r["argv"], r["decision"]) for r in audit_records(log)] == [
+        (["echo", "gated"], "run"), (["su", "-c", "true"], "deny")]
+
+
+def test_exec_wrapper_interception_refuses_a_stock_shell(tmp_path):
+    done = execgate("run", "-q", "--intercept", "exec-wrapper", "--shell", "bash", "--cwd", str(tmp_path), "--",
+                    "touch ran")
+    assert done.returncode == 2
+    assert "does not honour EXEC_WRAPPER" in done.stderr
+    assert not (tmp_path / "ran").exists()
+
+
+def test_bad_options_are_one_line_errors(tmp_path):
+    for args, message in [
+        (["--timeout", "nan"], "must be a finite number of seconds > 0"),
+        (["--timeout", "-1"], "must be a finite number of seconds > 0"),
+        (["--token-file", str(tmp_path / "absent"), "--policy", "unix:///nowhere"], "No such file or directory"),
+        (["--cwd", str(tmp_path / "absent")], "not a directory"),
+        (["--label", "novalue"], "--label wants KEY=VALUE"),
+    ]:
+        done = execgate("run", "-q", *args, "--", "touch ran", cwd=tmp_path)
+        assert done.returncode == 2, args
+        assert message in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
+    assert not (tmp_path / "ran").exists()

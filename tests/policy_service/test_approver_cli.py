@@ -53,3 +53,33 @@ async def test_piped_approver(service) -> None:
     assert proc.returncode == 0, err.decode()
     for shown in ("/usr/bin/ls", "ls -a", "/srv", "s-9", "team=blue", "ls-prompt", "please answer y, s or n"):
         assert shown in text, (shown, text)
+
+
+async def test_piped_approver_exits_when_input_ends_mid_answer(service) -> None:
+    """`printf 'n\\n' | execgate approve` while two prompts come: the first is denied (no reason
+    given before the end of input), the approver then exits at once instead of waiting forever on
+    the second, which is denied by its own deadline."""
+    async with service(approval_timeout_s=3.0) as server, grpc.aio.insecure_channel(server.addresses[0]) as channel:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "execgate.server.cli", "approve", "--policy", server.addresses[0], "--name", "bot",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            for _ in range(500):
+                if server.decisions.approvals.approvers:
+                    break
+                await asyncio.sleep(0.02)
+            stub = policy_pb2_grpc.EscalationPolicyStub(channel)
+            first = asyncio.ensure_future(stub.DetermineAction(ls("-a"), timeout=20))
+            second = asyncio.ensure_future(stub.DetermineAction(ls("-b"), timeout=20))
+            proc.stdin.write(b"n\n")
+            proc.stdin.close()
+            out, err = await asyncio.wait_for(proc.communicate(), 15)
+            answers = [(await first).decision, (await second).decision]
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert proc.returncode == 0, err.decode()
+    assert [a.WhichOneof("action") for a in answers] == ["deny", "deny"]
+    assert sum(a.approver == "bot" for a in answers) == 1

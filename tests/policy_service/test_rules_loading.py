@@ -251,3 +251,15 @@ def test_toml_docstring_schema_is_a_valid_rules_file(tmp_path):
     (tmp_path / "doc.toml").write_text(textwrap.dedent(block))
     rules = RuleSet.load([tmp_path / "doc.toml"])
     assert rules.rules[0].id == "git-network"
+
+
+def test_rules_directory_loads_its_files_and_an_empty_one_is_rejected(tmp_path):
+    rules_dir = tmp_path / "rules.d"
+    rules_dir.mkdir()
+    with pytest.raises(RulesError, match=r"rules\.d: rules directory holds no \.toml or \.rules file"):
+        RuleSet.load([rules_dir])
+    (rules_dir / "b.toml").write_text('[[rule]]\nid = "deny-id"\nprogram = "id"\ndecision = "deny"\n')
+    (rules_dir / "notes.txt").write_text("not a rules file")
+    ruleset = RuleSet.load([rules_dir])
+    assert [r.id for r in ruleset.rules] == ["deny-id"]
+    assert ruleset.evaluate("/usr/bin/id", ["id"]).decision == "deny"
