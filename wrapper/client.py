@@ -14,6 +14,11 @@ Any failure prints one line prefixed ``execgate-wrapper:`` on stderr and exits n
 126 server/protocol failure or non-executable file, 127 file not found); it never runs the program
 unchecked. It runs once per exec, so it imports only light stdlib modules, the protocol and fdpass.
 
+Trust: ``CODEX_ESCALATE_SOCKET``, ``EXECGATE_SOCKET_ID`` and ``EXECGATE_SOCKET_PATH`` say which
+server to ask. Under the preload shim they are always the values the shim captured when its
+process was loaded (it overwrites whatever the caller set), so a caller cannot point the wrapper
+at a server of its own; see ``wrapper/native/README.md`` ("What the wrapper trusts").
+
 As the native wrapper does: ``FILE`` alone means the caller exec'd with an empty argv (sent as
 ``"argv": []`` and kept empty on Run); argv, env and the working directory are taken as the raw
 bytes the caller passed (``os.fsencode``, ``os.environb``, ``os.getcwdb``), sent with non-UTF-8
@@ -51,12 +56,27 @@ class WrapperError(Exception):
         self.status = status
 
 
+_SOCKET_ID_ENV_VAR = "EXECGATE_SOCKET_ID"
+
+
+def _is_session_socket(fd: int, st: os.stat_result, env: dict[str, str]) -> bool:
+    """False when ``EXECGATE_SOCKET_ID`` (``"<fd>:<inode>"``, set by the preload shim) names this fd
+    with another inode: the program closed the session's socket and reused the number for a
+    datagram socket of its own (syslog, or a fake server), which must never get a handshake."""
+    fd_part, colon, ino_part = env.get(_SOCKET_ID_ENV_VAR, "").partition(":")
+    if not colon or not fd_part.isdigit() or int(fd_part) != fd:
+        return True  # no id for this fd: the type checks decide (as the native wrapper does)
+    return ino_part.isdigit() and int(ino_part) == st.st_ino
+
+
 def _inherited_dgram_socket(env: dict[str, str]) -> socket.socket | None:
-    """The ``CODEX_ESCALATE_SOCKET`` fd as a socket, if it names an AF_UNIX SOCK_DGRAM socket.
-    The returned socket must be ``detach()``-ed, never closed (the fd is shared with descendants)."""
+    """The ``CODEX_ESCALATE_SOCKET`` fd as a socket, if it names an AF_UNIX SOCK_DGRAM socket that
+    ``EXECGATE_SOCKET_ID`` does not disown. The returned socket must be ``detach()``-ed, never
+    closed (the fd is shared with descendants)."""
     try:
         fd = int(env.get(p.ESCALATE_SOCKET_ENV_VAR, ""))
-        if fd < 0 or not stat.S_ISSOCK(os.fstat(fd).st_mode):
+        st = os.fstat(fd) if fd >= 0 else None
+        if st is None or not stat.S_ISSOCK(st.st_mode) or not _is_session_socket(fd, st, env):
             return None
         sock = socket.socket(fileno=fd)
     except (ValueError, OSError):

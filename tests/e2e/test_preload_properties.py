@@ -173,15 +173,34 @@ def test_reused_socket_fd_is_not_mistaken_for_the_session(gate: Gate) -> None:
 
 
 def test_unreachable_server_fails_closed(gate: Gate) -> None:
-    # The child of a close_fds subprocess has no inherited socket and a dead fallback path.
+    # The child of a close_fds subprocess has no inherited socket, and the session's fallback
+    # socket is moved away (the path itself cannot be changed: the shim forces it, see below).
     script = (
-        f"EXECGATE_SOCKET_PATH=/nonexistent/s {PY} -c 'import shutil, subprocess\n"
-        f"r = subprocess.run([shutil.which(\"{ALLOWED}\"), \"x\"])\nprint(\"child-status=%d\" % r.returncode)'"
+        'mv "$EXECGATE_SOCKET_PATH" "$EXECGATE_SOCKET_PATH.away"; '
+        f"{PY} -c 'import shutil, subprocess\n"
+        f"r = subprocess.run([shutil.which(\"{ALLOWED}\"), \"x\"])\nprint(\"child-status=%d\" % r.returncode)'; "
+        'mv "$EXECGATE_SOCKET_PATH.away" "$EXECGATE_SOCKET_PATH"'
     )
     res = gate.run("sh", script)
     assert ALLOWED_OUTPUT not in res.stdout
     assert "child-status=126" in res.stdout
     assert "execgate-wrapper: cannot reach the escalation server" in res.stderr
+    assert str(gate.bindir / ALLOWED) not in gate.policy.programs()
+
+
+def test_changed_socket_path_is_replaced_by_the_sessions(gate: Gate) -> None:
+    # A caller's EXECGATE_SOCKET_PATH never reaches the wrapper (was: an odd value failed closed):
+    # the shim forces the value it captured, so the close_fds child is still gated by the session.
+    script = (
+        f"EXECGATE_SOCKET_PATH=/nonexistent/s {PY} -c 'import os, shutil, subprocess\n"
+        "print(\"python-sees=%s\" % os.environ[\"EXECGATE_SOCKET_PATH\"], flush=True)\n"
+        f"r = subprocess.run([shutil.which(\"{ALLOWED}\"), \"x\"], env={{**os.environ, \"EXECGATE_SOCKET_PATH\": \"/x\"}})\n"
+        "print(\"child-status=%d\" % r.returncode)'"
+    )
+    res = gate.run("sh", script)
+    assert "python-sees=/nonexistent/s" not in res.stdout and "python-sees=/" in res.stdout
+    assert f"{ALLOWED_OUTPUT} x" in res.stdout and "child-status=0" in res.stdout, res.stderr
+    assert str(gate.bindir / ALLOWED) in gate.policy.programs()
 
 
 def test_depth_guard_turns_a_loop_into_a_denial(gate: Gate) -> None:

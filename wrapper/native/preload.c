@@ -9,16 +9,30 @@
  * functions; interposing them gates every launcher without patching any of them.
  *
  * How:
- *  - A constructor captures execgate's variables at load into static buffers; the environment
- *    handed on is the caller's plus those variables wherever the caller dropped them (env -i,
- *    subprocess.run(env={}), unset LD_PRELOAD), so descendants stay gated.
+ *  - A constructor captures execgate's variables at load into static buffers. Every exec and spawn
+ *    hands on the caller's environment with CODEX_ESCALATE_SOCKET, EXEC_WRAPPER,
+ *    EXECGATE_SOCKET_PATH, EXECGATE_SOCKET_ID and EXECGATE_MAX_DEPTH exactly as captured: a value
+ *    the caller changed is replaced, one it dropped (env -i, subprocess.run(env={})) is put back,
+ *    one that was absent at load is removed. LD_PRELOAD names this library first; EXECGATE_DEPTH
+ *    is the shim's own count; EXECGATE_IN_WRAPPER is set only for the wrapper. Which wrapper runs
+ *    and what counts as the wrapper's own exec come only from the captured values; the environment
+ *    is never read again on the exec path (except PATH, for the search, as libc does).
+ *  - Chain of trust: the session's shell is started by the server (which does not load the shim)
+ *    with the session's true overlay; each shim captures at load and forces its values onto its
+ *    children, so no process can hand its children another wrapper or another server socket
+ *    (`EXEC_WRAPPER=/usr/bin/whoami bash -c whoami` or `EXECGATE_SOCKET_PATH=/tmp/fake.sock cmd`
+ *    change nothing). Consequence: an execgate session started inside a gated session is gated
+ *    by the outer one — the inner server's shell and everything it runs ask the outer server —
+ *    which is intended: otherwise an inner `execgate run` with permissive rules would escape the
+ *    outer gate's denials.
  *  - PATH search, the ENOEXEC fallback to /bin/sh and every errno follow glibc's execvpe and
  *    posix_spawnp; the shim checks existence, file type and X_OK (and a #! interpreter's existence)
  *    before handing over, so a caller sees ENOENT/EACCES/ENOEXEC exactly as without execgate.
  *  - The wrapper process gets EXECGATE_IN_WRAPPER=1; the shim loaded in it removes the variable at
  *    load and passes that process's own exec straight to the kernel, so the final exec of the
  *    program is never intercepted again (the native wrapper also uses the raw syscall). An exec of
- *    EXEC_WRAPPER itself (a Codex-patched shell) is likewise not wrapped twice.
+ *    the captured EXEC_WRAPPER itself (a Codex-patched shell) is likewise not wrapped twice; it
+ *    gets the forced environment too, so that wrapper asks the session's server.
  *  - EXECGATE_DEPTH counts gated execs along the ancestry; past EXECGATE_MAX_DEPTH the exec is
  *    refused, so a misconfiguration loops into a denial, never a fork bomb.
  *  - The exec path may run in a vfork child (CPython's subprocess): no heap, no stdio, no locks;
@@ -70,36 +84,65 @@ static char eg_preload_entry[PATH_MAX + 16]; /* "LD_PRELOAD=<eg_self>" */
 static char eg_depth_entry[48];        /* "EXECGATE_DEPTH=<depth + 1>" */
 static long eg_depth, eg_max_depth;
 static int eg_binfmt_misc = -1;        /* binfmt_misc has registered formats; -1: not looked yet */
-static char eg_pool[16384];            /* storage of eg_saved */
-static const char *eg_saved[EG_SAVED_MAX]; /* "NAME=value" entries restored where missing */
+static char eg_pool[16384];            /* storage of eg_saved and eg_forced */
+static const char *eg_saved[EG_SAVED_MAX]; /* other EXECGATE_* entries, restored where missing */
 static int eg_nsaved;
+/* The variables that decide which wrapper runs and which server it asks: every exec gets exactly
+ * the values captured at load (or none, if there was none at load), whatever the caller set. */
+static const char *const eg_forced_names[] = {EG_ENV_SOCKET, EG_ENV_WRAPPER, EG_ENV_SOCKET_PATH,
+                                              EG_ENV_SOCKET_ID, EG_ENV_MAX_DEPTH};
+#define EG_NFORCED ((int)(sizeof eg_forced_names / sizeof eg_forced_names[0]))
+static const char *eg_forced[EG_NFORCED]; /* "NAME=value" as captured at load, or NULL */
 static eg_spawn_fn eg_real_posix_spawn;
 static char eg_in_wrapper_entry[] = EG_ENV_IN_WRAPPER "=1";
 
 /* ---- load-time capture (not on the exec path: may use libc freely) ------------------------- */
 
-static void eg_save(const char *entry)
+/* A copy of ENTRY in eg_pool, or NULL when the pool is full. */
+static const char *eg_store(const char *entry)
 {
     static size_t used;
     size_t n = strlen(entry) + 1;
-    if (eg_nsaved >= EG_SAVED_MAX || n > sizeof eg_pool - used)
-        return;
-    memcpy(eg_pool + used, entry, n);
-    eg_saved[eg_nsaved++] = eg_pool + used;
+    char *at = eg_pool + used;
+    if (n > sizeof eg_pool - used)
+        return NULL;
+    memcpy(at, entry, n);
     used += n;
+    return at;
+}
+
+static void eg_save(const char *entry)
+{
+    const char *copy;
+    if (eg_nsaved < EG_SAVED_MAX && (copy = eg_store(entry)) != NULL)
+        eg_saved[eg_nsaved++] = copy;
+}
+
+/* Index of ENTRY's name in eg_forced_names, or -1. */
+static int eg_forced_index(const char *entry)
+{
+    for (int k = 0; k < EG_NFORCED; k++)
+        if (eg_env_is(entry, eg_forced_names[k]))
+            return k;
+    return -1;
+}
+
+/* Capture NAME=value for forced slot K (a value that does not fit counts as none). */
+static void eg_force(int k, const char *entry)
+{
+    eg_forced[k] = eg_store(entry);
 }
 
 static int eg_is_saved_name(const char *entry)
 {
     if (eg_env_is(entry, EG_ENV_DEPTH) || eg_env_is(entry, EG_ENV_IN_WRAPPER) ||
-        eg_env_is(entry, EG_ENV_SOCKET_ID))
+        eg_forced_index(entry) >= 0)
         return 0;
-    return eg_env_is(entry, EG_ENV_SOCKET) || eg_env_is(entry, EG_ENV_WRAPPER) ||
-           strncmp(entry, EG_ENV_PREFIX, sizeof EG_ENV_PREFIX - 1) == 0;
+    return strncmp(entry, EG_ENV_PREFIX, sizeof EG_ENV_PREFIX - 1) == 0;
 }
 
 /* "<fd>:<inode>" of the inherited socket, so that a reused fd number is recognised later. */
-static void eg_capture_socket_id(void)
+static void eg_capture_socket_id(int k)
 {
     const char *id = getenv(EG_ENV_SOCKET_ID);
     long fd = eg_parse_ulong(getenv(EG_ENV_SOCKET));
@@ -113,8 +156,10 @@ static void eg_capture_socket_id(void)
             memcpy(fdpart, id, n);
             fdpart[n] = '\0';
             if (eg_parse_ulong(fdpart) == fd || fd < 0) {
-                snprintf(entry, sizeof entry, "%s=%s", EG_ENV_SOCKET_ID, id);
-                eg_save(entry);
+                if (strlen(id) < sizeof entry - sizeof EG_ENV_SOCKET_ID - 1) {
+                    snprintf(entry, sizeof entry, "%s=%s", EG_ENV_SOCKET_ID, id);
+                    eg_force(k, entry);
+                }
                 return;
             }
         }
@@ -123,7 +168,7 @@ static void eg_capture_socket_id(void)
         return;
     snprintf(entry, sizeof entry, "%s=%ld:%s", EG_ENV_SOCKET_ID, fd,
              eg_format_ulong(num, (unsigned long)st.st_ino));
-    eg_save(entry);
+    eg_force(k, entry);
 }
 
 /* Does binfmt_misc know formats beyond the kernel's own (then the kernel, not us, says ENOEXEC)? */
@@ -174,10 +219,16 @@ static void eg_init(void)
     if (eg_max_depth < 0)
         eg_max_depth = EG_DEFAULT_MAX_DEPTH;
     snprintf(eg_depth_entry, sizeof eg_depth_entry, "%s=%ld", EG_ENV_DEPTH, eg_depth + 1);
-    for (char **e = environ; e != NULL && *e != NULL; e++)
-        if (eg_is_saved_name(*e))
+    for (char **e = environ; e != NULL && *e != NULL; e++) {
+        int k = eg_forced_index(*e);
+        if (k >= 0 && eg_forced[k] == NULL && strcmp(eg_forced_names[k], EG_ENV_SOCKET_ID) != 0)
+            eg_force(k, *e); /* the first entry: the one getenv (and the wrapper) sees */
+        else if (k < 0 && eg_is_saved_name(*e))
             eg_save(*e);
-    eg_capture_socket_id();
+    }
+    for (int k = 0; k < EG_NFORCED; k++)
+        if (strcmp(eg_forced_names[k], EG_ENV_SOCKET_ID) == 0)
+            eg_capture_socket_id(k);
     eg_real_posix_spawn = (eg_spawn_fn)dlsym(RTLD_NEXT, "posix_spawn");
     eg_ready = 1;
 }
@@ -209,23 +260,6 @@ static void eg_complain(const char *what, const char *file, int err)
     eg_write_err(parts);
 }
 
-/* Is TOKEN one of the ':'/' '-separated entries of LIST? */
-static int eg_list_has(const char *list, const char *token)
-{
-    size_t n = strlen(token);
-    if (n == 0)
-        return 0;
-    for (const char *p = list; *p;) {
-        size_t k = strcspn(p, ": ");
-        if (k == n && strncmp(p, token, n) == 0)
-            return 1;
-        p += k;
-        if (*p)
-            p++;
-    }
-    return 0;
-}
-
 static const char *eg_find_preload(char *const envp[])
 {
     for (size_t i = 0; envp != NULL && envp[i] != NULL; i++)
@@ -241,10 +275,19 @@ static size_t eg_preload_cap(char *const envp[])
     return strlen(eg_self) + (p ? strlen(p) : 0) + 16;
 }
 
+/* Does the LD_PRELOAD value LIST name this library first (so its symbols win)? */
+static int eg_preload_first(const char *list)
+{
+    size_t n = strlen(eg_self);
+    return strncmp(list, eg_self, n) == 0 && (list[n] == '\0' || list[n] == ':' || list[n] == ' ');
+}
+
 /*
- * Fill OUT (room for eg_count(ENVP) + EG_SAVED_MAX + 4 entries) with the caller's environment
- * plus execgate's captured variables wherever the caller dropped them, LD_PRELOAD naming this
- * library, the incremented depth and, when FOR_WRAPPER, the wrapper marker.
+ * Fill OUT (room for eg_count(ENVP) + EG_SAVED_MAX + 4 entries) with the caller's environment,
+ * except that execgate's forced variables are exactly as captured at load (a caller's value is
+ * dropped and replaced; one absent at load stays absent), other captured EXECGATE_* variables
+ * are put back where the caller dropped them, LD_PRELOAD names this library first, the depth is
+ * the shim's incremented one and, only when FOR_WRAPPER, the wrapper marker is set.
  */
 static void eg_env_build(char **out, char *const envp[], char *pbuf, size_t pcap, int for_wrapper)
 {
@@ -253,14 +296,15 @@ static void eg_env_build(char **out, char *const envp[], char *pbuf, size_t pcap
     int have_preload = 0;
     for (size_t i = 0; envp != NULL && envp[i] != NULL; i++) {
         const char *e = envp[i];
-        if (eg_env_is(e, EG_ENV_DEPTH) || eg_env_is(e, EG_ENV_IN_WRAPPER))
+        if (eg_env_is(e, EG_ENV_DEPTH) || eg_env_is(e, EG_ENV_IN_WRAPPER) ||
+            eg_forced_index(e) >= 0)
             continue;
         if (eg_env_is(e, "LD_PRELOAD")) {
             if (have_preload++)
                 continue;
-            if (eg_self[0] == '\0' || eg_list_has(e + 11, eg_self)) {
+            if (eg_self[0] == '\0' || eg_preload_first(e + 11)) {
                 out[n++] = (char *)e;
-            } else if (strlen(eg_self) + strlen(e) + 2 <= pcap) {
+            } else if (e[11] != '\0' && strlen(eg_self) + strlen(e) + 2 <= pcap) {
                 strcpy(pbuf, eg_preload_entry);
                 strcat(pbuf, ":");
                 strcat(pbuf, e + 11);
@@ -281,6 +325,9 @@ static void eg_env_build(char **out, char *const envp[], char *pbuf, size_t pcap
     for (int k = 0; k < eg_nsaved; k++)
         if (!have[k])
             out[n++] = (char *)eg_saved[k];
+    for (int k = 0; k < EG_NFORCED; k++)
+        if (eg_forced[k] != NULL)
+            out[n++] = (char *)eg_forced[k];
     if (!have_preload && eg_self[0] != '\0')
         out[n++] = eg_preload_entry;
     out[n++] = eg_depth_entry;
@@ -364,7 +411,7 @@ static int eg_exec_wrapper(const char *file, char *const argv[], char *const env
 {
     size_t argc = eg_count(argv), envc = eg_count(envp), pcap = eg_preload_cap(envp), n = 0;
     char *nargv[argc + 5];
-    char *nenv[envc + EG_SAVED_MAX + 4];
+    char *nenv[envc + EG_SAVED_MAX + EG_NFORCED + 4];
     char pbuf[pcap];
     if (eg_depth >= eg_max_depth) {
         eg_complain("exec depth limit reached, refusing to exec ", file, ELOOP);
@@ -395,7 +442,7 @@ static int eg_exec_wrapper(const char *file, char *const argv[], char *const env
 static int eg_exec_wrapper_direct(const char *path, char *const argv[], char *const envp[])
 {
     size_t envc = eg_count(envp), pcap = eg_preload_cap(envp);
-    char *nenv[envc + EG_SAVED_MAX + 4];
+    char *nenv[envc + EG_SAVED_MAX + EG_NFORCED + 4];
     char pbuf[pcap];
     eg_env_build(nenv, envp, pbuf, pcap, 1);
     return eg_raw_execve(path, argv, nenv);
@@ -508,7 +555,7 @@ static int eg_spawn_gated(pid_t *pid, const char *path, const posix_spawn_file_a
 {
     size_t argc = eg_count(argv), envc = eg_count(envp), pcap = eg_preload_cap(envp), n = 0;
     char *nargv[argc + 3];
-    char *nenv[envc + EG_SAVED_MAX + 4];
+    char *nenv[envc + EG_SAVED_MAX + EG_NFORCED + 4];
     char pbuf[pcap];
     eg_spawn_fn real = eg_spawn_real();
     if (real == NULL)
