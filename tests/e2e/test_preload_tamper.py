@@ -17,7 +17,7 @@ from typing import Iterator
 
 import pytest
 
-from preload_support import DENIED, DENIED_OUTPUT, DENY_REASON, Gate, write_script
+from preload_support import ALLOWED, ALLOWED_OUTPUT, DENIED, DENIED_OUTPUT, DENY_REASON, Gate, write_script
 from execgate.wrapper.artifacts import native_wrapper_path
 
 pytestmark = pytest.mark.e2e
@@ -208,3 +208,93 @@ def test_max_depth_cannot_be_raised_by_a_child(gate: Gate) -> None:
     res = gate.run("sh", nest, env={"EXECGATE_MAX_DEPTH": "2"})
     assert "exec depth limit reached" in res.stderr
     assert "inner-status=126" in res.stdout
+
+
+# ---- (f): glibc's system(), popen() and wordexp() after the caller edited its own environ -------
+# They start /bin/sh through libc-internal calls the shim cannot interpose, with the process's
+# current environ. The shim interposes system() and popen() and forces the session's values back
+# into environ first; EXECGATE_IN_WRAPPER switches on passthrough only in the wrapper process.
+
+TAMPER = {
+    "in_wrapper": 'os.environ["EXECGATE_IN_WRAPPER"] = "1"',
+    "ld_preload_dropped": 'os.environ.pop("LD_PRELOAD")',
+    "exec_wrapper": 'os.environ["EXEC_WRAPPER"] = sys.argv[1]',
+}
+FAKE_WRAPPER_OUTPUT = "FAKE-WRAPPER-RAN"
+
+LIBC_PROLOGUE = '''\
+import ctypes, os, sys
+libc = ctypes.CDLL(None)  # the global scope, as a C program's own calls resolve (shim first)
+libc.popen.restype = ctypes.c_void_p
+libc.popen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+libc.pclose.argtypes = [ctypes.c_void_p]
+libc.fileno.argtypes = [ctypes.c_void_p]
+
+def popen(cmd):
+    f = libc.popen(cmd.encode(), b"r")
+    assert f, "popen failed"
+    out = b""
+    while chunk := os.read(libc.fileno(f), 4096):
+        out += chunk
+    return out.decode(), os.waitstatus_to_exitcode(libc.pclose(f))
+'''
+
+
+def _tamper_script(gate: Gate, tamper: str, body: str) -> str:
+    helper = write_script(gate.workdir / "tamper.py", f"{LIBC_PROLOGUE}{TAMPER[tamper]}\n{body}", 0o644)
+    fake = write_script(gate.workdir / "w.sh", f'#!/bin/sh\necho {FAKE_WRAPPER_OUTPUT}; shift; exec "$@"\n')
+    return f"{PY} {helper} {fake}"
+
+
+@pytest.mark.parametrize("tamper", sorted(TAMPER))
+def test_system_after_environ_tampering(gate: Gate, tamper: str) -> None:
+    body = f'print("denied-status=%d" % os.waitstatus_to_exitcode(os.system("{DENIED}")), flush=True)\n'
+    res = gate.run("bash", _tamper_script(gate, tamper, body))
+    _check_denied(gate, res)
+    assert FAKE_WRAPPER_OUTPUT not in res.stdout, res.stdout
+
+
+@pytest.mark.parametrize("tamper", sorted(TAMPER))
+def test_popen_after_environ_tampering(gate: Gate, tamper: str) -> None:
+    body = f'out, st = popen("{DENIED}")\nprint(repr(out))\nprint("denied-status=%d" % st, flush=True)\n'
+    res = gate.run("bash", _tamper_script(gate, tamper, body))
+    _check_denied(gate, res)
+    assert FAKE_WRAPPER_OUTPUT not in res.stdout, res.stdout
+
+
+def test_system_and_popen_still_run_allowed_programs(gate: Gate) -> None:
+    body = (
+        f'st = os.system("{ALLOWED} via-system")\n'
+        'print("system-status=%d" % os.waitstatus_to_exitcode(st), flush=True)\n'
+        f'st = os.system("{ALLOWED} again; exit 5")\n'
+        'print("system-status=%d" % os.waitstatus_to_exitcode(st), flush=True)\n'
+        f'out, st = popen("{ALLOWED} via-popen; exit 3")\n'
+        'print("popen-out=" + out.strip(), "popen-status=%d" % st, flush=True)\n'
+        # The C environ now holds the session's values, not the caller's marker.
+        'libc.getenv.restype = ctypes.c_char_p\n'
+        'print("in-wrapper=%s" % libc.getenv(b"EXECGATE_IN_WRAPPER"), flush=True)\n'
+    )
+    res = gate.run("bash", _tamper_script(gate, "in_wrapper", body))
+    assert f"{ALLOWED_OUTPUT} via-system\nsystem-status=0\n" in res.stdout, (res.stdout, res.stderr)
+    assert f"{ALLOWED_OUTPUT} again\nsystem-status=5\n" in res.stdout, (res.stdout, res.stderr)
+    assert f"popen-out={ALLOWED_OUTPUT} via-popen popen-status=3" in res.stdout, (res.stdout, res.stderr)
+    assert "in-wrapper=None" in res.stdout
+    assert gate.policy.programs().count(str(gate.bindir / ALLOWED)) == 3, gate.policy.calls
+
+
+def test_wordexp_shell_with_in_wrapper_marker_is_still_gated(gate: Gate) -> None:
+    # wordexp() is not interposed: its /bin/sh gets the caller's EXECGATE_IN_WRAPPER=1. The shim
+    # loaded in that shell must not treat it as the wrapper (it is not the EXEC_WRAPPER file).
+    body = (
+        "class W(ctypes.Structure):\n"
+        "    _fields_ = [('wordc', ctypes.c_size_t), ('wordv', ctypes.POINTER(ctypes.c_char_p)),"
+        " ('offs', ctypes.c_size_t)]\n"
+        "w = W()\n"
+        f"rc = libc.wordexp(b'x$({DENIED})', ctypes.byref(w), 0)\n"
+        "print('wordexp-rc=%d' % rc, [w.wordv[i] for i in range(w.wordc)], flush=True)\n"
+    )
+    res = gate.run("bash", _tamper_script(gate, "in_wrapper", body))
+    assert DENIED_OUTPUT not in res.stdout, (res.stdout, res.stderr)
+    assert "wordexp-rc=0 [b'x']" in res.stdout, (res.stdout, res.stderr)
+    assert res.stderr.count(f"Execution denied: {DENY_REASON}") == 1, res.stderr
+    assert gate.policy.programs().count(str(gate.bindir / DENIED)) == 1, gate.policy.calls

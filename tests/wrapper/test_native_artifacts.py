@@ -14,6 +14,7 @@ from execgate.wrapper.interception import preload_env, preload_extra_env
 INTERCEPTED = {
     "execve", "execv", "execvp", "execvpe", "execl", "execlp", "execle",
     "fexecve", "execveat", "posix_spawn", "posix_spawnp",
+    "system", "popen",  # environment forcing only (the libc-internal /bin/sh spawn is not interposable)
 }
 
 

@@ -29,7 +29,8 @@
  *    posix_spawnp; the shim checks existence, file type and X_OK (and a #! interpreter's existence)
  *    before handing over, so a caller sees ENOENT/EACCES/ENOEXEC exactly as without execgate.
  *  - The wrapper process gets EXECGATE_IN_WRAPPER=1; the shim loaded in it removes the variable at
- *    load and passes that process's own exec straight to the kernel, so the final exec of the
+ *    load and, if this process is the captured wrapper (its /proc/self/exe, or the script in its
+ *    argv, is the EXEC_WRAPPER file), passes that process's own exec straight to the kernel, so the final exec of the
  *    program is never intercepted again (the native wrapper also uses the raw syscall). An exec of
  *    the captured EXEC_WRAPPER itself (a Codex-patched shell) is likewise not wrapped twice; it
  *    gets the forced environment too, so that wrapper asks the session's server.
@@ -40,9 +41,15 @@
  *    load and raw write(2) for messages.
  *
  * Limits (see README.md beside this file): statically linked and setuid/setgid programs do not load
- * the shim (the exec *of* them is decided, what they exec is not); libc-internal spawns (glibc's
- * system() and popen()) bypass symbol interposition (the /bin/sh they start is gated, so are its
- * execs); raw execve syscalls are not seen. Posix_spawn file actions that change directory
+ * the shim (the exec *of* them is decided, what they exec is not); libc-internal spawns bypass
+ * symbol interposition: the /bin/sh -c that glibc's system(), popen() and wordexp() start is not
+ * decided. system() and popen() are interposed to force the session's variables back into the
+ * caller's environ first, so that shell loads the shim with the session's values and its execs
+ * are decided; wordexp() is not interposed (its shell's execs are decided only while the
+ * caller's environ keeps the shim in LD_PRELOAD and the session's EXEC_WRAPPER). A lookup on
+ * libc's own handle (dlsym(dlopen("libc.so.6"), ...)) skips the shim. EXECGATE_IN_WRAPPER turns
+ * on passthrough only in the wrapper process itself (eg_is_wrapper_process). Raw execve
+ * syscalls are not seen. Posix_spawn file actions that change directory
  * (posix_spawn_file_actions_addchdir_np) make the pre-checks run against the parent's directory.
  * A file format registered through binfmt_misc disables the ENOEXEC pre-check (the kernel decides).
  */
@@ -193,21 +200,72 @@ static int eg_detect_binfmt_misc(void)
     return found;
 }
 
+/* Is PATH the file of the captured EXEC_WRAPPER (same device and inode)? */
+static int eg_same_as_wrapper(const char *path)
+{
+    struct stat st;
+    return eg_wrapper_st_ok && stat(path, &st) == 0 && st.st_dev == eg_wrapper_st.st_dev &&
+           st.st_ino == eg_wrapper_st.st_ino;
+}
+
+/*
+ * Is this process the genuine wrapper, so that EXECGATE_IN_WRAPPER may switch on passthrough?
+ * Only when the running executable (/proc/self/exe) is the captured EXEC_WRAPPER file (the native
+ * wrapper, or a Codex-patched shell), or when EXEC_WRAPPER is a #! script (the Python wrapper) and
+ * the kernel's argv for it names that very file as the script: argv[1], or argv[2] after the
+ * optional argument of a "#!interp arg" line. Anything else carrying the marker — a shell that
+ * glibc's wordexp() started from an environment the caller edited, a program a static binary
+ * exec'd — is gated as usual. Residual: `python3 WRAPPER_SCRIPT ...` run by a process that does
+ * not load the shim passes this check, but that is the wrapper itself, which asks the server.
+ */
+static int eg_is_wrapper_process(void)
+{
+    char buf[4096], head[2];
+    ssize_t n = 0, r;
+    int fd;
+    if (eg_wrapper[0] == '\0' || !eg_wrapper_st_ok)
+        return 0;
+    if (eg_same_as_wrapper("/proc/self/exe"))
+        return 1;
+    fd = open(eg_wrapper, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0)
+        return 0;
+    r = read(fd, head, 2);
+    close(fd);
+    if (r != 2 || head[0] != '#' || head[1] != '!')
+        return 0;
+    fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    while (n < (ssize_t)sizeof buf - 1 && (r = read(fd, buf + n, sizeof buf - 1 - (size_t)n)) > 0)
+        n += r;
+    close(fd);
+    buf[n] = '\0';
+    /* buf: "argv0\0argv1\0argv2\0..." */
+    const char *arg = buf;
+    for (int i = 0; i < 3 && arg < buf + n; i++, arg += strlen(arg) + 1)
+        if (i > 0 && arg[0] != '\0' && eg_same_as_wrapper(arg))
+            return 1;
+    return 0;
+}
+
 static void eg_init(void)
 {
     Dl_info info;
     const char *w;
+    int in_wrapper;
     if (eg_ready)
         return;
-    if (getenv(EG_ENV_IN_WRAPPER) != NULL) {
-        eg_passthrough = 1;
+    in_wrapper = getenv(EG_ENV_IN_WRAPPER) != NULL;
+    if (in_wrapper)
         unsetenv(EG_ENV_IN_WRAPPER);
-    }
     w = getenv(EG_ENV_WRAPPER);
     if (w != NULL && strlen(w) < sizeof eg_wrapper) {
         strcpy(eg_wrapper, w);
         eg_wrapper_st_ok = stat(eg_wrapper, &eg_wrapper_st) == 0;
     }
+    if (in_wrapper && eg_is_wrapper_process())
+        eg_passthrough = 1;
     if (dladdr((void *)eg_init, &info) != 0 && info.dli_fname != NULL &&
         strlen(info.dli_fname) < sizeof eg_self)
         strcpy(eg_self, info.dli_fname);
@@ -339,13 +397,11 @@ static void eg_env_build(char **out, char *const envp[], char *pbuf, size_t pcap
 /* Is PATH the session's wrapper (same string or same file)? */
 static int eg_is_wrapper(const char *path)
 {
-    struct stat st;
     if (eg_wrapper[0] == '\0')
         return 0;
     if (strcmp(path, eg_wrapper) == 0)
         return 1;
-    return eg_wrapper_st_ok && stat(path, &st) == 0 && st.st_dev == eg_wrapper_st.st_dev &&
-           st.st_ino == eg_wrapper_st.st_ino;
+    return eg_same_as_wrapper(path);
 }
 
 /*
@@ -841,4 +897,77 @@ __attribute__((visibility("default"))) int execveat(int dirfd, const char *pathn
         return -1;
     }
     return eg_try(path, argv, envp, 0) < 0 ? -1 : 0;
+}
+
+/* ---- system() and popen() -------------------------------------------------------------------- */
+
+/*
+ * glibc's system() and popen() start "/bin/sh -c CMD" through libc-internal spawn calls that
+ * symbol interposition cannot reach, and hand that shell the process's *current* environ, as the
+ * caller may have edited it (os.environ["EXECGATE_IN_WRAPPER"] = "1", LD_PRELOAD dropped,
+ * EXEC_WRAPPER pointed at a program of the caller's). The shim loaded into that shell would then
+ * capture the caller's values. So, before calling the real function, put environ into the state
+ * every gated exec gets (eg_env_build: the forced variables exactly as captured, the other
+ * captured EXECGATE_* variables put back, LD_PRELOAD naming this library first, the shim's
+ * EXECGATE_DEPTH) and drop EXECGATE_IN_WRAPPER. The shell itself still starts ungated (its exec
+ * is not decided), but it loads the shim with the session's values, so every exec it makes is.
+ * system() and popen() are never called in a vfork child, so setenv/unsetenv (heap, locks) are
+ * fine here; like any setenv they race with other threads reading the environment, and the
+ * change stays in the caller's environ (it is the state the shim forces anyway).
+ */
+static void eg_environ_force(void)
+{
+    size_t envc = eg_count(environ), pcap = eg_preload_cap(environ);
+    char *nenv[envc + EG_SAVED_MAX + EG_NFORCED + 4];
+    char pbuf[pcap];
+    eg_env_build(nenv, environ, pbuf, pcap, 0);
+    unsetenv(EG_ENV_IN_WRAPPER);
+    for (size_t i = 0; nenv[i] != NULL; i++) {
+        const char *e = nenv[i], *eq = strchr(e, '=');
+        if (eq == NULL || !(eg_forced_index(e) >= 0 || eg_env_is(e, EG_ENV_DEPTH) ||
+                            eg_env_is(e, "LD_PRELOAD") || eg_is_saved_name(e)))
+            continue;
+        char name[(size_t)(eq - e) + 1];
+        char *value = strdup(eq + 1); /* E may be an environ string that unsetenv drops */
+        if (value == NULL)
+            continue;
+        memcpy(name, e, (size_t)(eq - e));
+        name[eq - e] = '\0';
+        unsetenv(name); /* every duplicate: the loader takes the last LD_PRELOAD it finds */
+        setenv(name, value, 1);
+        free(value);
+    }
+    for (int k = 0; k < EG_NFORCED; k++)
+        if (eg_forced[k] == NULL)
+            unsetenv(eg_forced_names[k]);
+}
+
+/* int system(const char *command); */
+__attribute__((visibility("default"))) int system(const char *command)
+{
+    typedef int (*fn)(const char *);
+    fn real = (fn)dlsym(RTLD_NEXT, "system");
+    eg_init();
+    if (real == NULL) {
+        errno = ENOSYS;
+        return -1;
+    }
+    if (!eg_passthrough)
+        eg_environ_force();
+    return real(command);
+}
+
+/* FILE *popen(const char *command, const char *mode); */
+__attribute__((visibility("default"))) FILE *popen(const char *command, const char *mode)
+{
+    typedef FILE *(*fn)(const char *, const char *);
+    fn real = (fn)dlsym(RTLD_NEXT, "popen");
+    eg_init();
+    if (real == NULL) {
+        errno = ENOSYS;
+        return NULL;
+    }
+    if (!eg_passthrough)
+        eg_environ_force();
+    return real(command, mode);
 }
