@@ -290,7 +290,7 @@ def test_wordexp_shell_with_in_wrapper_marker_is_still_gated(gate: Gate) -> None
         "    _fields_ = [('wordc', ctypes.c_size_t), ('wordv', ctypes.POINTER(ctypes.c_char_p)),"
         " ('offs', ctypes.c_size_t)]\n"
         "w = W()\n"
-        f"rc = libc.wordexp(b'x$({DENIED})', ctypes.byref(w), 0)\n"
+        f"rc = libc.wordexp(b'x$({DENIED})', ctypes.byref(w), 16)  # WRDE_SHOWERR: keep stderr\n"
         "print('wordexp-rc=%d' % rc, [w.wordv[i] for i in range(w.wordc)], flush=True)\n"
     )
     res = gate.run("bash", _tamper_script(gate, "in_wrapper", body))
