@@ -207,13 +207,15 @@ def _profile(execution: Execution, session: SessionContext, workdir: str) -> Per
     """The sandbox profile an execution asks for, or None for none.
 
     A ``permissions`` profile grants more than the session has, never less: its writable roots
-    are joined by the command's working directory and the session sandbox's own writable roots
-    (so that ``git clone . ../copy`` escalated with network still writes where the shell could).
+    are joined by the session sandbox's own writable roots (so that ``git clone . ../copy``
+    escalated with network still writes where the shell could). The working directory is the
+    caller's claim, not a grant: it becomes writable only when the session has no sandbox (its
+    shell could write there anyway); in a sandboxed session only if one of its roots covers it.
     """
     if execution.kind == "permissions":
         granted = execution.permissions or Permissions()
-        own = session.sandbox.writable_roots if session.sandbox is not None else ()
-        writable = tuple(dict.fromkeys((*granted.writable_roots, workdir, *own)))
+        own = session.sandbox.writable_roots if session.sandbox is not None else (workdir,)
+        writable = tuple(dict.fromkeys((*granted.writable_roots, *own)))
         return Permissions(network=granted.network, writable_roots=writable, readable_roots=granted.readable_roots)
     if execution.kind == "session_default":
         return session.sandbox

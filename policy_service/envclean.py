@@ -27,6 +27,13 @@ BLOCKED_ENV: tuple[str, ...] = (
     "PYTHONSTARTUP", "PYTHONPATH", "PYTHONHOME", "PYTHONINSPECT", "PYTHONUSERBASE",
     "PERL5LIB", "PERL5OPT", "PERLLIB", "PERL5DB", "RUBYOPT", "RUBYLIB", "NODE_OPTIONS",
     "NODE_PATH", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS", "LUA_INIT*",
+    # Tools that run commands named in their environment (git config injection, ssh helpers,
+    # editors and pagers): an escalated git must not run what the sandboxed caller chose.
+    "GIT_CONFIG_PARAMETERS", "GIT_CONFIG_COUNT", "GIT_CONFIG_KEY_*", "GIT_CONFIG_VALUE_*",
+    "GIT_CONFIG", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM", "GIT_SSH",
+    "GIT_SSH_COMMAND", "GIT_PROXY_COMMAND", "GIT_EXEC_PATH", "GIT_ASKPASS", "SSH_ASKPASS",
+    "GIT_EXTERNAL_DIFF", "GIT_TEMPLATE_DIR", "GIT_EDITOR", "GIT_PAGER", "GIT_SEQUENCE_EDITOR",
+    "GIT_ALLOW_PROTOCOL", "EDITOR", "VISUAL", "PAGER", "BROWSER", "SSH_ORIGINAL_COMMAND",
     # The escalation session itself (Codex protocol variables and execgate's own).
     "CODEX_ESCALATE_SOCKET", "EXEC_WRAPPER", "EXECGATE_*",
 )

@@ -252,10 +252,16 @@ def expand_paths(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str
 
 def _load_file(path: Path) -> RulesFile:
     if path.suffix == ".toml":
-        return load_toml(path)
-    if path.suffix == ".rules":
-        return load_codex(path)
-    raise RulesError(f"{path}: unknown rules file type (expected .toml or .rules)")
+        loaded = load_toml(path)
+    elif path.suffix == ".rules":
+        loaded = load_codex(path)
+    else:
+        raise RulesError(f"{path}: unknown rules file type (expected .toml or .rules)")
+    if not (loaded.rules or loaded.default or loaded.trusted_dirs is not None or loaded.host_executables):
+        # An empty file (a truncated write, a missing bind-mount source) must not quietly replace
+        # the rules a user meant with "no rules, default run".
+        raise RulesError(f"{path}: holds no rule and no setting (an empty rules file)")
+    return loaded
 
 
 def _check_unique_ids(files: Sequence[RulesFile]) -> None:

@@ -6,7 +6,8 @@ bwrap``) and the sandboxed forms of escalated commands that the policy service p
 
 The shell sandbox is: the whole filesystem read-only, a private ``/tmp``, the working directory and
 any extra writable roots bound read-write, no network (a fresh network namespace that has only
-loopback), ``--die-with-parent`` so that killing the launcher kills the sandbox. Inherited fds (the
+loopback), ``--unshare-pid`` and ``--die-with-parent`` so that killing the launcher kills
+everything inside the sandbox. Inherited fds (the
 session's ``CODEX_ESCALATE_SOCKET``) pass through bwrap unchanged; the session's fallback socket
 directory is bound back in after ``/tmp`` is replaced.
 
@@ -65,7 +66,9 @@ def bwrap_argv(
         argv += ["--bind-try", root, root]
     if not permissions.network:
         argv.append("--unshare-net")
-    argv += ["--die-with-parent", "--chdir", cwd, "--"]
+    # A pid namespace: when bwrap dies (--die-with-parent, or a kill of its group), the kernel
+    # kills every process inside, grandchildren that left the process group included.
+    argv += ["--unshare-pid", "--die-with-parent", "--chdir", cwd, "--"]
     return argv
 
 

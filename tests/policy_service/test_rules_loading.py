@@ -263,3 +263,19 @@ def test_rules_directory_loads_its_files_and_an_empty_one_is_rejected(tmp_path):
     ruleset = RuleSet.load([rules_dir])
     assert [r.id for r in ruleset.rules] == ["deny-id"]
     assert ruleset.evaluate("/usr/bin/id", ["id"]).decision == "deny"
+
+
+@pytest.mark.parametrize("name", ["empty.toml", "empty.rules"])
+def test_an_empty_rules_file_is_rejected(tmp_path, name):
+    (tmp_path / name).write_text("# nothing here\n")
+    with pytest.raises(RulesError, match=r"holds no rule and no setting"):
+        RuleSet.load([tmp_path / name])
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / name).write_text("")
+    with pytest.raises(RulesError, match=r"holds no rule and no setting"):
+        RuleSet.load([tmp_path / "d"])
+
+
+def test_a_file_with_only_a_default_is_a_policy(tmp_path):
+    (tmp_path / "deny-all.toml").write_text('default = "deny"\n')
+    assert RuleSet.load([tmp_path / "deny-all.toml"]).evaluate("/usr/bin/id", ["id"]).decision == "deny"

@@ -110,6 +110,11 @@ INJECTED = {
     "EXEC_WRAPPER": "/x/wrapper",
     "EXECGATE_SOCKET_DIR": "/x",
     "BASH_FUNC_ls%%": "() { evil; }",
+    "GIT_CONFIG_PARAMETERS": "'protocol.ext.allow'='always'",
+    "GIT_CONFIG_COUNT": "1",
+    "GIT_CONFIG_KEY_0": "core.sshCommand",
+    "GIT_CONFIG_VALUE_0": "touch /tmp/pwned",
+    "GIT_SSH_COMMAND": "touch /tmp/pwned",
     "HOME": "/home/agent",
     "EXECGATE_KEEP_ME": "yes",
 }
@@ -128,7 +133,8 @@ async def test_prepared_env_is_cleaned(service) -> None:
         plain = await prepare(server.addresses[0], target("/usr/bin/echo", "x"), unsandboxed)
         allowed = await prepare(server.addresses[0], target("/usr/bin/env", "-0"), unsandboxed)
     blocked = {"LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "BASH_ENV", "ENV", "CODEX_ESCALATE_SOCKET",
-               "EXEC_WRAPPER", "EXECGATE_SOCKET_DIR", "EXECGATE_KEEP_ME", "BASH_FUNC_ls%%"}
+               "EXEC_WRAPPER", "EXECGATE_SOCKET_DIR", "EXECGATE_KEEP_ME", "BASH_FUNC_ls%%",
+               "GIT_CONFIG_PARAMETERS", "GIT_CONFIG_COUNT", "GIT_CONFIG_KEY_0", "GIT_CONFIG_VALUE_0", "GIT_SSH_COMMAND"}
     assert dict(plain.env) == {"HOME": "/home/agent"}
     assert not blocked & set(plain.env)
     # The env-escalate rule's allow_env lets LD_LIBRARY_PATH and EXECGATE_KEEP_* through, nothing else.
@@ -149,8 +155,9 @@ async def test_prepared_sandbox_command_lines(service) -> None:
     assert cmd[1:4] == ["--ro-bind", "/", "/"] and "--unshare-net" in cmd and "--die-with-parent" in cmd
     assert "/tmp/w" in cmd[cmd.index("--bind-try") + 1:] and cmd[cmd.index("--chdir") + 1] == "/tmp"
     assert not perm.HasField("arg0") and "LD_PRELOAD" not in perm.env
-    # A granted profile adds to what the session has: its roots, the working dir, the session's roots.
-    assert [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--bind-try"] == ["/tmp/w", "/tmp", "/tmp/s"]
+    # A granted profile adds to what the session has: its own roots and the session's roots; the
+    # caller's working dir (/tmp) is a claim, not a grant, in a sandboxed session.
+    assert [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--bind-try"] == ["/tmp/w", "/tmp/s"]
     dcmd = list(dflt.command)
     assert dcmd[0] == "bwrap" and "--unshare-net" not in dcmd and "/tmp/s" in dcmd
     # A session with no sandbox of its own: session_default is the plain program.
@@ -178,3 +185,20 @@ async def test_audit_log_one_line_per_decision(service, short_tmp: Path) -> None
     assert first["time"].endswith("Z")
     assert second["decision"] == "deny" and second["reason"] == "no deleting" and second["workdir"] == "/var"
     assert stat.S_IMODE(os.stat(log_path).st_mode) == 0o600
+
+
+async def test_granted_profile_writes_the_working_dir_only_where_the_session_could(service) -> None:
+    profile = pb.Permissions(network=True)
+    sandboxed = pb.SessionContext(session_id="s-3", sandbox=pb.Permissions(writable_roots=["/srv/ws"]))
+    unconfined = pb.SessionContext(session_id="s-4")
+    async with service() as server:
+        address = server.addresses[0]
+        elsewhere = await prepare(address, target("/usr/bin/env", workdir="/etc"), pb.Execution(permissions=profile), sandboxed)
+        free = await prepare(address, target("/usr/bin/env", workdir="/etc"), pb.Execution(permissions=profile), unconfined)
+
+    def binds(prepared: pb.PreparedExec) -> list[str]:
+        cmd = list(prepared.command)
+        return [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--bind-try"]
+
+    assert binds(elsewhere) == ["/srv/ws"]  # `cd /etc; git clone …` cannot make /etc writable
+    assert binds(free) == ["/etc"]  # an unconfined shell could write /etc anyway

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
+import time
 
 import pytest
 
@@ -64,3 +66,34 @@ def test_bwrap_missing_is_an_error_for_bwrap_and_a_fallback_for_auto(monkeypatch
         choose_sandbox("bwrap", workdir=str(short_tmp))
     auto = choose_sandbox("auto", workdir=str(short_tmp))
     assert auto.mode == "none" and "not found" in auto.note
+
+
+def _pids_with_cmdline(needle: bytes) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if needle in f.read():
+                        pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+def test_killing_bwrap_kills_grandchildren_that_left_the_group(short_tmp):
+    token = f"4{os.getpid()}.{time.monotonic_ns() % 100000}".encode()
+    argv = bwrap_argv(Permissions(), cwd=str(short_tmp)) + ["/bin/sh", "-c", f"setsid sleep {token.decode()} & wait"]
+    proc = subprocess.Popen(argv)
+    try:
+        deadline = time.monotonic() + 20
+        while not _pids_with_cmdline(b"sleep\0" + token) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _pids_with_cmdline(b"sleep\0" + token), "the detached sleep started"
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while _pids_with_cmdline(b"sleep\0" + token) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _pids_with_cmdline(b"sleep\0" + token) == []
