@@ -49,9 +49,10 @@ def test_json_result_matches_the_script(tmp_path, sandbox):
     assert (plain.returncode, plain.stdout, plain.stderr) == (3, result["stdout"], result["stderr"])
 
 
-def test_timeout_kills_sandboxed_and_escalated_children(tmp_path):
+def _sleeps_and_rules(tmp_path, inside_s: str, outside_s: str):
+    """Two unique `sleep` arguments, and a rules file escalating (unsandboxed) the second one."""
     token = f"{os.getpid()}{time.monotonic_ns() % 100000}"
-    inside, outside = f"300.{token}", f"301.{token}"
+    inside, outside = f"{inside_s}.{token}", f"{outside_s}.{token}"
     rules = write_rules(tmp_path / "rules.toml", f"""
 [[rule]]
 id = "sleep-out"
@@ -60,6 +61,11 @@ prefix = ["{outside}"]
 decision = "escalate"
 execution = "unsandboxed"
 """)
+    return inside, outside, rules
+
+
+def test_timeout_kills_sandboxed_and_escalated_children(tmp_path):
+    inside, outside, rules = _sleeps_and_rules(tmp_path, "300", "301")
     log = tmp_path / "audit.jsonl"
     proc = subprocess.Popen(
         [*CLI, "run", "--sandbox", "bwrap", "--rules", str(rules), "--audit-log", str(log), "--timeout", "2",
@@ -118,16 +124,7 @@ def test_bad_rules_file_exits_2_naming_file_and_rule(tmp_path, body, complaint):
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_signal_to_execgate_run_kills_sandboxed_and_escalated_children(tmp_path, signum):
-    token = f"{os.getpid()}{time.monotonic_ns() % 100000}"
-    inside, outside = f"302.{token}", f"303.{token}"
-    rules = write_rules(tmp_path / "rules.toml", f"""
-[[rule]]
-id = "sleep-out"
-program = "sleep"
-prefix = ["{outside}"]
-decision = "escalate"
-execution = "unsandboxed"
-""")
+    inside, outside, rules = _sleeps_and_rules(tmp_path, "302", "303")
     proc = subprocess.Popen(
         [*CLI, "run", "-q", "--sandbox", "none", "--rules", str(rules), "--cwd", str(tmp_path), "--",
          f"sleep {inside} & sleep {outside}; echo never"],

@@ -23,17 +23,24 @@ def ls(*args: str) -> pb.DetermineActionRequest:
     )
 
 
+
+async def _start_approver(server) -> asyncio.subprocess.Process:
+    """`execgate approve --name bot` against ``server``, once the service sees it connected."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "execgate.server.cli", "approve", "--policy", server.addresses[0], "--name", "bot",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    for _ in range(500):
+        if server.decisions.approvals.approvers:
+            break
+        await asyncio.sleep(0.02)
+    return proc
+
+
 async def test_piped_approver(service) -> None:
     async with service() as server, grpc.aio.insecure_channel(server.addresses[0]) as channel:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "execgate.server.cli", "approve", "--policy", server.addresses[0], "--name", "bot",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )
+        proc = await _start_approver(server)
         try:
-            for _ in range(500):
-                if server.decisions.approvals.approvers:
-                    break
-                await asyncio.sleep(0.02)
             stub = policy_pb2_grpc.EscalationPolicyStub(channel)
             asking = asyncio.ensure_future(stub.DetermineAction(ls("-a"), timeout=20))
             proc.stdin.write(b"maybe\ny\n")
@@ -60,15 +67,8 @@ async def test_piped_approver_exits_when_input_ends_mid_answer(service) -> None:
     given before the end of input), the approver then exits at once instead of waiting forever on
     the second, which is denied by its own deadline."""
     async with service(approval_timeout_s=3.0) as server, grpc.aio.insecure_channel(server.addresses[0]) as channel:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "execgate.server.cli", "approve", "--policy", server.addresses[0], "--name", "bot",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )
+        proc = await _start_approver(server)
         try:
-            for _ in range(500):
-                if server.decisions.approvals.approvers:
-                    break
-                await asyncio.sleep(0.02)
             stub = policy_pb2_grpc.EscalationPolicyStub(channel)
             first = asyncio.ensure_future(stub.DetermineAction(ls("-a"), timeout=20))
             second = asyncio.ensure_future(stub.DetermineAction(ls("-b"), timeout=20))
