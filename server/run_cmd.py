@@ -47,6 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                      help="rules for the embedded policy service (repeatable; default: the rules shipped with execgate)")
     pol.add_argument("--policy", metavar="ADDRESS", help="a running policy service (unix:///path or host:port)")
     parser.add_argument("--token-file", metavar="FILE", help="bearer token for --policy")
+    parser.add_argument("--tls", action="store_true", help="reach --policy over TLS (implied by the --tls-* options)")
+    parser.add_argument("--tls-ca", metavar="PEM", help="CA that signed the policy service's certificate (default: system roots)")
+    parser.add_argument("--tls-cert", metavar="PEM", help="client certificate for --policy")
+    parser.add_argument("--tls-key", metavar="PEM", help="client private key for --policy")
     parser.add_argument("--shell", default="bash", help="shell to run SCRIPT with (default: bash)")
     parser.add_argument("--login", action="store_true", help="run the shell as a login shell (-lc)")
     parser.add_argument("--intercept", choices=("preload", "exec-wrapper"), default="preload",
@@ -211,6 +215,7 @@ class _Plan:
     workdir: str
     labels: dict[str, str]
     token: str | None
+    tls: object  # grpc.ChannelCredentials or None
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
@@ -231,7 +236,25 @@ def _plan(args: argparse.Namespace) -> _Plan:
         sandbox = choose_sandbox(args.sandbox, workdir=workdir, readable=[sys.prefix, *visible])
     except SandboxError as exc:
         raise RunSetupError(f"--sandbox bwrap: {exc}") from exc
-    return _Plan(shell, wrapper, sandbox, extra_env, workdir, labels, token)
+    return _Plan(shell, wrapper, sandbox, extra_env, workdir, labels, token, tls_credentials(args))
+
+
+def tls_credentials(args: argparse.Namespace) -> object:
+    """gRPC channel credentials for ``--policy`` from the --tls* options, or None for plaintext.
+
+    Raises:
+        RunSetupError: TLS without a TCP ``--policy``, or a PEM file that cannot be read.
+    """
+    if not (args.tls or args.tls_ca or args.tls_cert or args.tls_key):
+        return None
+    if not args.policy or args.policy.startswith("unix:"):
+        raise RunSetupError("--tls* options need --policy HOST:PORT (a Unix socket is protected by its file mode)")
+    from execgate.policy_service.transport import TlsFiles, channel_credentials
+
+    try:
+        return channel_credentials(TlsFiles(args.tls_cert, args.tls_key, args.tls_ca))
+    except OSError as exc:
+        raise RunSetupError(f"--tls: {exc}") from exc
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -272,7 +295,7 @@ async def _run_session(args: argparse.Namespace, plan: _Plan) -> int:
     from execgate.server.grpc_policy import GrpcPolicy
 
     async with policy_address(args) as address:
-        policy = GrpcPolicy(address, token=plan.token)
+        policy = GrpcPolicy(address, token=plan.token, tls=plan.tls)  # type: ignore[arg-type]
         try:
             server = EscalateServer(plan.shell, str(plan.wrapper), policy, launcher=plan.sandbox,  # type: ignore[arg-type]
                                     extra_env=plan.extra_env)  # type: ignore[arg-type]

@@ -6,6 +6,10 @@ import asyncio
 import datetime as dt
 import ipaddress
 import os
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -126,3 +130,47 @@ async def test_tls_client_certificates(service, short_tmp: Path) -> None:
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await action(policy_pb2_grpc.EscalationPolicyStub(channel))
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_execgate_run_reaches_a_tls_service_with_a_token(short_tmp: Path) -> None:
+    """`execgate policy serve` on 127.0.0.1 with TLS and a token, and `execgate run --policy` with
+    --tls-ca and --token-file, as real processes: the default rules decide over TLS; without the
+    CA, or with the wrong token, every exec fails closed."""
+    files = make_cert(short_tmp)
+    (short_tmp / "token").write_text("s3cret\n")
+    (short_tmp / "wrong").write_text("nope\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cli = [sys.executable, "-m", "execgate.server.cli"]
+    serve = subprocess.Popen(
+        [*cli, "policy", "serve", "--listen", f"127.0.0.1:{port}", "--tls-cert", files.cert, "--tls-key", files.key,
+         "--token-file", str(short_tmp / "token")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        health = [*cli, "policy", "health", "--policy", f"127.0.0.1:{port}", "--tls-ca", files.cert]
+        deadline = time.monotonic() + 30
+        while subprocess.run(health, capture_output=True, timeout=30).returncode != 0:
+            assert time.monotonic() < deadline and serve.poll() is None, "the service did not come up"
+            time.sleep(0.2)
+
+        def run(*opts: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [*cli, "run", "-q", "--sandbox", "none", "--policy", f"127.0.0.1:{port}", *opts, "--",
+                 "/bin/echo ran; su -c id; echo st=$?"],
+                capture_output=True, text=True, timeout=60, cwd=short_tmp,
+            )
+
+        good = run("--tls-ca", files.cert, "--token-file", str(short_tmp / "token"))
+        wrong_token = run("--tls-ca", files.cert, "--token-file", str(short_tmp / "wrong"))
+        no_tls = run("--token-file", str(short_tmp / "token"))
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
+    assert (good.returncode, good.stdout) == (0, "ran\nst=1\n"), good.stderr
+    assert "Execution denied: privilege escalation is not allowed" in good.stderr
+    for failed in (wrong_token, no_tls):
+        assert failed.stdout == "st=1\n"  # even /bin/echo's exec is refused: fail closed
+        assert "Execution denied: policy service error" in failed.stderr
+    assert "UNAUTHENTICATED" in wrong_token.stderr or "token" in wrong_token.stderr.lower(), wrong_token.stderr
