@@ -200,3 +200,12 @@ def test_bad_options_are_one_line_errors(tmp_path):
         assert done.returncode == 2, args
         assert message in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
     assert not (tmp_path / "ran").exists()
+
+
+def test_an_oversized_environment_is_e2big_as_without_execgate(tmp_path):
+    script = "export BIG=$(head -c 200000 /dev/zero | tr '\\0' x); /bin/true; echo st=$?"
+    plain = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    gated = execgate("run", "-q", "--sandbox", "none", "--cwd", str(tmp_path), "--", script)
+    assert plain.stdout == "st=126\n" and "Argument list too long" in plain.stderr
+    assert gated.stdout == "st=126\n"
+    assert "Argument list too long" in gated.stderr, gated.stderr

@@ -489,8 +489,11 @@ static int eg_exec_wrapper(const char *file, char *const argv[], char *const env
     nargv[n] = NULL;
     eg_env_build(nenv, envp, pbuf, pcap, 1);
     eg_raw_execve(eg_wrapper, nargv, nenv);
-    eg_complain("cannot execute the exec wrapper ", eg_wrapper, errno);
-    errno = EACCES;
+    int err = errno;
+    eg_complain("cannot execute the exec wrapper ", eg_wrapper, err);
+    /* Too large an argv/environment is the caller's E2BIG, as without execgate; any other failure
+     * to start the wrapper is refused (EACCES), never run unchecked. */
+    errno = err == E2BIG ? E2BIG : EACCES;
     return EG_STOP;
 }
 
