@@ -129,8 +129,7 @@ async def _serve_async(args: argparse.Namespace, rules, tls: TlsFiles | None, to
             rules, address=args.listen, tls=tls, token=token, audit_log=args.audit_log,
             approval_timeout_s=args.approval_timeout, approver_wait_s=args.approver_wait, grace_s=args.grace,
             rules_poll_s=args.rules_poll,
-        ) as server:
-            print(f"execgate policy serve: listening on {server.addresses[0]}", file=sys.stderr, flush=True)
+        ):
             await stop.wait()
             log.info("stopping: NOT_SERVING, %g s grace", args.grace)
     except (AddressError, OSError) as exc:
