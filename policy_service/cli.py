@@ -14,11 +14,10 @@ import logging
 import signal
 import socket
 import sys
-from pathlib import Path
 
 import grpc
 
-from execgate.policy_service.transport import AddressError, TlsFiles, channel_credentials, unix_path
+from execgate.policy_service.transport import AddressError, TlsFiles, channel_credentials, read_token, unix_path
 
 log = logging.getLogger(__name__)
 
@@ -77,20 +76,6 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-ca", metavar="PEM", help="CA that signed the service's certificate")
     p.add_argument("--tls-cert", metavar="PEM", help="client certificate")
     p.add_argument("--tls-key", metavar="PEM", help="client private key")
-
-
-def read_token(path: str | None) -> str | None:
-    """The token in ``path`` (surrounding whitespace removed), or None without a path.
-
-    Raises:
-        OSError: the file cannot be read. ValueError: it is empty.
-    """
-    if not path:
-        return None
-    token = Path(path).read_text(encoding="utf-8").strip()
-    if not token:
-        raise ValueError(f"token file {path} is empty")
-    return token
 
 
 def _run(coro) -> int:

@@ -49,6 +49,20 @@ def unix_path(address: str) -> str | None:
     return None
 
 
+def read_token(path: str | None) -> str | None:
+    """The token in ``path`` (surrounding whitespace removed), or None without a path.
+
+    Raises:
+        OSError: the file cannot be read. ValueError: it is empty.
+    """
+    if not path:
+        return None
+    token = Path(path).read_text(encoding="utf-8").strip()
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    return token
+
+
 def _read(path: str | None) -> bytes | None:
     return Path(path).read_bytes() if path else None
 

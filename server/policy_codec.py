@@ -10,7 +10,7 @@ service, a fail-closed Deny on the client).
 from __future__ import annotations
 
 import os
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from execgate.server.policy import Decision, Execution, Permissions, PreparedExec, SessionContext
 from execgate.v1 import policy_pb2 as pb
@@ -93,6 +93,8 @@ def wire_text(text: str) -> str:
     are shown to the policy as ``\\xNN`` (Python's ``backslashreplace``); plain text is unchanged.
     :func:`restore_text` maps the policy's answer back to the caller's exact bytes.
     """
+    if text.isascii():  # per argv item on every decision: skip the encode for the common case
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

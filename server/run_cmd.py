@@ -107,17 +107,20 @@ def parse_labels(items: list[str]) -> dict[str, str]:
     return labels
 
 
-def read_token(path: str | None) -> str | None:
-    """The bearer token in ``path`` (stripped), or None. Raises RunSetupError if unreadable or empty."""
-    if path is None:
-        return None
+def token_from_file(path: str | None) -> str | None:
+    """``--token-file``'s token (see :func:`execgate.policy_service.transport.read_token`).
+
+    Raises:
+        RunSetupError: the file cannot be read or is empty.
+    """
+    from execgate.policy_service.transport import read_token
+
     try:
-        token = Path(path).read_text().strip()
+        return read_token(path)
     except OSError as exc:
         raise RunSetupError(f"--token-file {path}: {exc.strerror or exc}") from exc
-    if not token:
-        raise RunSetupError(f"--token-file {path}: the file is empty")
-    return token
+    except ValueError as exc:
+        raise RunSetupError(f"--token-file: {exc}") from exc
 
 
 def wrapper_path(kind: str) -> Path:
@@ -164,16 +167,14 @@ def interception_env(kind: str, wrapper: Path, shell: str) -> tuple[list[str], o
             )
         return [str(wrapper.parent)], None
     from execgate.wrapper.artifacts import NativeArtifactMissing, preload_library_path
-    from execgate.wrapper.interception import preload_env
+    from execgate.wrapper.interception import preload_extra_env
 
     try:
         shim = preload_library_path()
+        extra_env = preload_extra_env(wrapper, base_ld_preload=os.environ.get("LD_PRELOAD") or None)
     except NativeArtifactMissing as exc:
         raise RunSetupError(str(exc)) from exc
-    inherited = os.environ.get("LD_PRELOAD") or None
-    return [str(wrapper.parent), str(shim.parent)], (
-        lambda session: preload_env(wrapper, socket_fd=session.client_fd, base_ld_preload=inherited)
-    )
+    return [str(wrapper.parent), str(shim.parent)], extra_env
 
 
 @contextlib.asynccontextmanager
@@ -229,7 +230,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     if shell is None:
         raise RunSetupError(f"--shell {args.shell}: not found")
     labels = parse_labels(args.label)
-    token = read_token(args.token_file)
+    token = token_from_file(args.token_file)
     wrapper = wrapper_path(args.wrapper)
     visible, extra_env = interception_env(args.intercept, wrapper, shell)
     try:

@@ -63,11 +63,15 @@ def preload_env(
 
 
 def preload_extra_env(
-    wrapper_path: str | os.PathLike[str] | None = None, *, max_depth: int | None = None
+    wrapper_path: str | os.PathLike[str] | None = None,
+    *,
+    max_depth: int | None = None,
+    base_ld_preload: str | None = None,
 ) -> Callable[[Any], dict[str, str]]:
     """An ``extra_env`` callable for ``EscalateServer``/``Session``: :func:`preload_env` for each
     session, pinning the session's client socket (``session.client_fd``). ``EXEC_WRAPPER`` is
     included only when ``wrapper_path`` is given; otherwise the server's wrapper stays in force.
+    ``base_ld_preload`` is kept after the shim in ``LD_PRELOAD`` (e.g. the caller's own value).
 
     Raises:
         NativeArtifactMissing: the shim (or the default wrapper) was not built; raised here, at
@@ -78,7 +82,8 @@ def preload_extra_env(
 
     def extra(session: Any) -> dict[str, str]:
         fd = getattr(session, "client_fd", -1)
-        env = preload_env(wrapper, socket_fd=fd if fd >= 0 else None, max_depth=max_depth)
+        env = preload_env(wrapper, socket_fd=fd if fd >= 0 else None, max_depth=max_depth,
+                          base_ld_preload=base_ld_preload)
         if wrapper_path is None:
             del env["EXEC_WRAPPER"]  # keep the server's own wrapper (normally the native one)
         return env

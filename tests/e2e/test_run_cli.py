@@ -209,3 +209,13 @@ def test_an_oversized_environment_is_e2big_as_without_execgate(tmp_path):
     assert plain.stdout == "st=126\n" and "Argument list too long" in plain.stderr
     assert gated.stdout == "st=126\n"
     assert "Argument list too long" in gated.stderr, gated.stderr
+
+
+def test_the_callers_ld_preload_is_kept_after_the_shim(tmp_path):
+    from execgate.wrapper.artifacts import preload_library_path
+
+    env = {**os.environ, "LD_PRELOAD": "libm.so.6"}
+    done = execgate("run", "-q", "--sandbox", "none", "--cwd", str(tmp_path), "--", "/usr/bin/printenv LD_PRELOAD",
+                    env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{preload_library_path()}:libm.so.6\n"
