@@ -17,7 +17,7 @@ import sys
 
 import grpc
 
-from execgate.policy_service.transport import AddressError, TlsFiles, channel_credentials, read_token, unix_path
+from execgate.policy_service.transport import AddressError, TlsFiles, client_credentials, read_token
 
 log = logging.getLogger(__name__)
 
@@ -125,11 +125,8 @@ async def _serve_async(args: argparse.Namespace, rules, tls: TlsFiles | None, to
 
 def client_channel(args: argparse.Namespace) -> grpc.aio.Channel:
     """A channel to ``args.policy`` honouring the --tls* options (create inside the running loop)."""
-    if args.tls or args.tls_ca or args.tls_cert:
-        if unix_path(args.policy) is not None:
-            raise AddressError("TLS is for TCP addresses")
-        return grpc.aio.secure_channel(args.policy, channel_credentials(TlsFiles(args.tls_cert, args.tls_key, args.tls_ca)))
-    return grpc.aio.insecure_channel(args.policy)
+    creds = client_credentials(args.policy, args)
+    return grpc.aio.secure_channel(args.policy, creds) if creds else grpc.aio.insecure_channel(args.policy)
 
 
 def _metadata(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:

@@ -89,6 +89,20 @@ def channel_credentials(tls: TlsFiles) -> grpc.ChannelCredentials:
     )
 
 
+def client_credentials(address: str, args: Any) -> grpc.ChannelCredentials | None:
+    """Channel credentials from a client's ``--tls``/``--tls-ca``/``--tls-cert``/``--tls-key``
+    options (attributes of ``args``), or None when none is given (plaintext).
+
+    Raises:
+        AddressError: TLS asked for with a Unix socket address. OSError: a PEM file is unreadable.
+    """
+    if not (args.tls or args.tls_ca or args.tls_cert or args.tls_key):
+        return None
+    if unix_path(address) is not None:
+        raise AddressError("TLS is for TCP addresses; a Unix socket is protected by its file mode")
+    return channel_credentials(TlsFiles(args.tls_cert, args.tls_key, args.tls_ca))
+
+
 def add_port(server: grpc.aio.Server, address: str, tls: TlsFiles | None) -> str:
     """Bind ``server`` to ``address``.
 

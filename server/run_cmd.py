@@ -246,15 +246,13 @@ def tls_credentials(args: argparse.Namespace) -> object:
     Raises:
         RunSetupError: TLS without a TCP ``--policy``, or a PEM file that cannot be read.
     """
-    if not (args.tls or args.tls_ca or args.tls_cert or args.tls_key):
-        return None
-    if not args.policy or args.policy.startswith("unix:"):
-        raise RunSetupError("--tls* options need --policy HOST:PORT (a Unix socket is protected by its file mode)")
-    from execgate.policy_service.transport import TlsFiles, channel_credentials
+    if not args.policy and (args.tls or args.tls_ca or args.tls_cert or args.tls_key):
+        raise RunSetupError("--tls* options need --policy HOST:PORT")
+    from execgate.policy_service.transport import AddressError, client_credentials
 
     try:
-        return channel_credentials(TlsFiles(args.tls_cert, args.tls_key, args.tls_ca))
-    except OSError as exc:
+        return client_credentials(args.policy or "", args)
+    except (AddressError, OSError) as exc:
         raise RunSetupError(f"--tls: {exc}") from exc
 
 

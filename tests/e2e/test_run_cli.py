@@ -195,6 +195,9 @@ def test_bad_options_are_one_line_errors(tmp_path):
         (["--token-file", str(tmp_path / "absent"), "--policy", "unix:///nowhere"], "No such file or directory"),
         (["--cwd", str(tmp_path / "absent")], "not a directory"),
         (["--label", "novalue"], "--label wants KEY=VALUE"),
+        (["--tls"], "--tls* options need --policy HOST:PORT"),
+        (["--policy", "unix:///nowhere", "--tls-ca", str(tmp_path / "ca.pem")], "TLS is for TCP addresses"),
+        (["--policy", "127.0.0.1:1", "--tls-ca", str(tmp_path / "absent.pem")], "No such file or directory"),
     ]:
         done = execgate("run", "-q", *args, "--", "touch ran", cwd=tmp_path)
         assert done.returncode == 2, args
