@@ -1,4 +1,4 @@
-"""Approvals: pending exec requests that wait for a person or a bot (DESIGN.md §4).
+"""Approvals: pending exec requests that wait for a person or a bot (docs/DESIGN.md §4).
 
 A ``prompt`` rule turns a request into an :class:`ApprovalRequest` that every connected approver
 (a subscriber of :meth:`ApprovalBroker.subscribe`) sees. The first answer wins:

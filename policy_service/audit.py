@@ -1,4 +1,4 @@
-"""The audit log: one JSON line per decision (DESIGN.md §5).
+"""The audit log: one JSON line per decision (docs/DESIGN.md §5).
 
 Each line is a JSON object with the keys of :class:`AuditRecord`: ``time`` (RFC 3339, UTC),
 ``decision_id``, ``session_id``, ``labels``, ``program``, ``argv``, ``workdir``, ``decision``

@@ -41,7 +41,7 @@ from .rules_model import (
     parse_token,
 )
 
-#: Codex decision → execgate decision (DESIGN.md §5).
+#: Codex decision → execgate decision (docs/DESIGN.md §5).
 CODEX_DECISIONS = {"allow": "escalate", "prompt": "prompt", "forbidden": "deny"}
 _PREFIX_RULE_KEYS = frozenset({"pattern", "decision", "justification", "match", "not_match"})
 _HOST_KEYS = frozenset({"name", "paths"})

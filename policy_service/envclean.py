@@ -1,4 +1,4 @@
-"""Environment cleaning for escalated commands (DESIGN.md §5).
+"""Environment cleaning for escalated commands (docs/DESIGN.md §5).
 
 An escalated command runs outside the shell's sandbox, so nothing the sandboxed caller put in its
 environment may change what that command loads or runs before its own code: dynamic-loader

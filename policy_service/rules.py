@@ -1,4 +1,4 @@
-"""execgate's rules engine: the default policy (DESIGN.md §5). Import from here.
+"""execgate's rules engine: the default policy (docs/DESIGN.md §5). Import from here.
 
 Rules live in TOML files (schema in :mod:`execgate.policy_service.rules_toml` and
 ``examples/README.md``) or in OpenAI Codex ``.rules`` files

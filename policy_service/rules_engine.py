@@ -1,4 +1,4 @@
-"""The rule set: merging rules files and deciding one exec (DESIGN.md §5).
+"""The rule set: merging rules files and deciding one exec (docs/DESIGN.md §5).
 
 Evaluation of ``(program, argv)``, ``program`` absolute:
 

@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 
 from execgate.server.policy import Execution
 
-#: Every decision a rule may carry (DESIGN.md §5).
+#: Every decision a rule may carry (docs/DESIGN.md §5).
 DECISIONS = ("run", "escalate", "prompt", "deny")
 #: Strictness: when several rules match, the highest wins (deny > prompt > run > escalate).
 STRICTNESS = {"escalate": 0, "run": 1, "prompt": 2, "deny": 3}

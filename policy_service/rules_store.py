@@ -1,7 +1,7 @@
 """Hold the current rule set of a running service and reload it safely.
 
 A reload builds a complete new :class:`RuleSet` first and swaps it in only if every file is good,
-so a running service keeps its last good rules (DESIGN.md §5). Readers take ``store.current``
+so a running service keeps its last good rules (docs/DESIGN.md §5). Readers take ``store.current``
 once per decision; the swap is a single attribute assignment, so no lock is needed.
 """
 

@@ -1,4 +1,4 @@
-"""Listening addresses, TLS and bearer-token authentication of the policy service (DESIGN.md §4).
+"""Listening addresses, TLS and bearer-token authentication of the policy service (docs/DESIGN.md §4).
 
 Addresses: ``unix:///abs/path`` (or ``unix:path``; the socket file gets mode 0600) and
 ``host:port`` (port 0 picks a free one). TCP may use TLS, optionally requiring client

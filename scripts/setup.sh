@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 # package:command pairs; a package is installed only when its command is missing.
 need=(bubblewrap:bwrap zsh:zsh dash:dash bash:bash strace:strace make:make perl:perl curl:curl
-      git:git gcc:gcc libc6-dev:/usr/include/stdio.h findutils:find docker-compose:docker-compose)
+      git:git gcc:gcc libc6-dev:/usr/include/stdio.h findutils:find docker-compose:docker-compose
+      acl:setfacl util-linux:setpriv passwd:useradd)
 missing=()
 for pair in "${need[@]}"; do
     pkg="${pair%%:*}" cmd="${pair#*:}"

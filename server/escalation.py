@@ -29,7 +29,7 @@ FORWARDABLE_SIGNALS = frozenset(int(getattr(signal, name)) for name in p.FORWARD
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Per-session limits (DESIGN.md §2 defaults).
+    """Per-session limits (docs/DESIGN.md §2 defaults).
 
     Attributes:
         max_frame_bytes: largest accepted frame payload, bytes.

@@ -7,7 +7,7 @@ non-blocking, calls ``sendmsg``/``recvmsg`` itself and, on ``BlockingIOError``, 
 ``loop.add_reader``/``add_writer`` — which behave the same on asyncio and uvloop. The synchronous
 wrapper uses the blocking variants below on blocking sockets.
 
-Frames (DESIGN.md §2): 4-byte little-endian length, then that many bytes of UTF-8 JSON. Every read
+Frames (docs/DESIGN.md §2): 4-byte little-endian length, then that many bytes of UTF-8 JSON. Every read
 of a frame is a ``recvmsg`` so that fds riding on its first byte are collected, never lost.
 
 Fd ownership: every function returning fds hands them to the caller, already close-on-exec

@@ -1,6 +1,6 @@
 """The escalation server's gRPC policy client: :class:`GrpcPolicy` implements :class:`Policy`.
 
-Failure handling (DESIGN.md §4) is fail closed: whatever goes wrong between the server and the
+Failure handling (docs/DESIGN.md §4) is fail closed: whatever goes wrong between the server and the
 policy service — nobody listening, a crash mid-session, a slow or hanging handler, an exception,
 an answer that breaks the contract — ``determine_action`` returns a Deny with ``error=True`` and
 a reason naming the cause, and ``prepare_escalated_exec`` raises :class:`PolicyError` (defined in

@@ -1,7 +1,7 @@
 """The policy interface the escalation server consults, and the values that cross it.
 
 The server asks any object satisfying :class:`Policy` two questions per intercepted exec
-(DESIGN.md §4): ``determine_action`` (Run / Escalate / Deny) and, for Escalate,
+(docs/DESIGN.md §4): ``determine_action`` (Run / Escalate / Deny) and, for Escalate,
 ``prepare_escalated_exec`` (exactly what to spawn). In production the object is the gRPC client
 (:mod:`execgate.server.grpc_policy`); tests and embedders may pass an in-process object.
 These dataclasses are the Python mirror of the ``execgate.v1`` messages.

@@ -1,7 +1,7 @@
 """Wire messages, environment variable names and limits of the local escalation protocol.
 
-Source of the facts: OpenAI Codex's ``shell-escalation`` protocol (see DESIGN.md §2 and the byte-exact
-vectors in ``shared/vectors/protocol.json``). This module holds only data: no sockets, no fds. Framing
+Source of the facts: OpenAI Codex's ``shell-escalation`` protocol (see docs/DESIGN.md §2 and the byte-exact
+vectors in ``tests/data/protocol.json``). This module holds only data: no sockets, no fds. Framing
 and ``SCM_RIGHTS`` live in :mod:`execgate.server.fdpass`.
 
 Sequence of one intercepted exec::
@@ -80,13 +80,13 @@ HANDSHAKE_PAYLOAD = b"\x00"
 #: Length prefix of a frame: 4 bytes, little-endian, unsigned.
 LENGTH_PREFIX_BYTES = 4
 
-#: Default limits enforced by the server (DESIGN.md §2).
+#: Default limits enforced by the server (docs/DESIGN.md §2).
 MAX_FRAME_BYTES = 1 << 20
 MAX_FDS_PER_MESSAGE = 16
 REQUEST_READ_TIMEOUT_S = 10.0
 MAX_CONCURRENT_REQUESTS_PER_SESSION = 64
 
-#: Exit status printed by wrappers for a Deny (DESIGN.md §2 step 7).
+#: Exit status printed by wrappers for a Deny (docs/DESIGN.md §2 step 7).
 DENY_EXIT_CODE = 1
 DENY_MESSAGE_PREFIX = "Execution denied"
 
@@ -278,5 +278,5 @@ def decode_json(payload: bytes) -> Any:
 
 
 def deny_message(reason: str | None) -> str:
-    """The line a wrapper prints on stderr for a Deny (DESIGN.md §2 step 7)."""
+    """The line a wrapper prints on stderr for a Deny (docs/DESIGN.md §2 step 7)."""
     return f"{DENY_MESSAGE_PREFIX}: {reason}" if reason else DENY_MESSAGE_PREFIX

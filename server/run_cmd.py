@@ -1,4 +1,4 @@
-"""``execgate run``: run a script under a shell in a new session, every exec gated (DESIGN.md §3, §7).
+"""``execgate run``: run a script under a shell in a new session, every exec gated (docs/DESIGN.md §3, §7).
 
 The pieces, in order: choose the wrapper (native or Python) and the interception (preload shim or
 an ``EXEC_WRAPPER``-honouring shell); choose the sandbox (bubblewrap or none); reach a policy

@@ -1,4 +1,4 @@
-"""Sandboxes for the session's shell and bubblewrap command lines (DESIGN.md §7).
+"""Sandboxes for the session's shell and bubblewrap command lines (docs/DESIGN.md §7).
 
 One place builds every ``bwrap`` argv in execgate: the shell's own sandbox (``execgate run --sandbox
 bwrap``) and the sandboxed forms of escalated commands that the policy service prepares for a

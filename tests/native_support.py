@@ -1,6 +1,6 @@
 """The server side of the escalation protocol with plain sockets, driven step by step by a test.
 
-Deliberately independent of ``execgate.server`` (DESIGN.md §2 re-implemented in a few lines: the
+Deliberately independent of ``execgate.server`` (docs/DESIGN.md §2 re-implemented in a few lines: the
 handshake datagram, frames of a 4-byte little-endian length + JSON, the fallback SOCK_STREAM path)
 so that the wrappers are checked byte for byte against a second implementation; the e2e tests use
 the real ``EscalateServer``.

@@ -1,7 +1,7 @@
 """The Python reference execve wrapper: ``execgate-wrapper FILE [ARGV0 ARGS...]``.
 
 A shell honouring ``EXEC_WRAPPER`` (or the preload shim) runs this instead of ``execve(FILE, ARGV)``.
-It asks the session's escalation server what to do (DESIGN.md §2; sequence diagram in
+It asks the session's escalation server what to do (docs/DESIGN.md §2; sequence diagram in
 :mod:`execgate.server.protocol`) and then:
 
 * **Run** — ``execve(FILE, ARGV, environ)`` in place; the inherited ``CODEX_ESCALATE_SOCKET`` fd

@@ -1,4 +1,4 @@
-"""Environment extras that switch a session's shell to preload interception (DESIGN.md §6).
+"""Environment extras that switch a session's shell to preload interception (docs/DESIGN.md §6).
 
 The session's env overlay (``CODEX_ESCALATE_SOCKET``, ``EXEC_WRAPPER``; see
 :mod:`execgate.server.protocol`) is enough for shells that honour ``EXEC_WRAPPER``. For stock shells
@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from execgate.wrapper.artifacts import native_wrapper_path, preload_library_path
 
-#: The shim's variables (all ``EXECGATE_``-prefixed, DESIGN.md §2).
+#: The shim's variables (all ``EXECGATE_``-prefixed, docs/DESIGN.md §2).
 SOCKET_ID_ENV_VAR = "EXECGATE_SOCKET_ID"
 DEPTH_ENV_VAR = "EXECGATE_DEPTH"
 MAX_DEPTH_ENV_VAR = "EXECGATE_MAX_DEPTH"

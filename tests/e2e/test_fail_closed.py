@@ -1,4 +1,4 @@
-"""Fail closed, end to end (DESIGN.md §2, §4): a real wrapper (python and native) against a real
+"""Fail closed, end to end (docs/DESIGN.md §2, §4): a real wrapper (python and native) against a real
 :class:`EscalateServer` whose policy is a real :class:`GrpcPolicy` talking to a real grpc.aio
 server on a Unix socket. Whatever goes wrong on the policy side — never started, stopped or
 SIGKILLed mid-session, a hanging handler, a raising one, garbage answers — the caller gets status 1

@@ -1,4 +1,4 @@
-"""Framing and SCM_RIGHTS over real socketpairs; byte-exact frames from the shared vectors."""
+"""Framing and SCM_RIGHTS over real socketpairs; byte-exact frames from tests/data/protocol.json."""
 
 from __future__ import annotations
 
@@ -20,17 +20,12 @@ from execgate.server.fdpass import (
     send_frame_blocking,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-# CI keeps the vectors at ../shared relative to the repo root; a git worktree under the checkout's
-# parent (e.g. wt/<branch>) sits one level deeper, so look in the repo root's ancestors in order.
-CANDIDATES = [d / "shared" / "vectors" / "protocol.json" for d in REPO_ROOT.parents]
+#: Byte-exact frames of the Codex shell-escalation protocol, kept in the repository.
+VECTORS = Path(__file__).resolve().parents[1] / "data" / "protocol.json"
 
 
 def _vectors() -> dict:
-    found = next((c for c in CANDIDATES if c.is_file()), None)
-    if found is None:
-        raise FileNotFoundError(f"protocol vectors missing: expected {CANDIDATES[0]}")
-    return {v["name"]: v for v in json.loads(found.read_text())["frames"]}
+    return {v["name"]: v for v in json.loads(VECTORS.read_text())["frames"]}
 
 
 @pytest.fixture

@@ -15,9 +15,8 @@ import pytest
 
 from native_support import RawPeer, raw_frame, read_raw_frame, write_frame
 
-VECTORS = Path(__file__).resolve().parents[2].parent / "shared" / "vectors" / "protocol.json"
-if not VECTORS.is_file():  # a worktree: shared/ sits beside the worktrees' parent
-    VECTORS = Path("/work/shared/vectors/protocol.json")
+#: Byte-exact frames of the Codex shell-escalation protocol, kept in the repository.
+VECTORS = Path(__file__).resolve().parents[1] / "data" / "protocol.json"
 
 
 def vector(name: str) -> bytes:

@@ -3,7 +3,7 @@
  * execve wrapper (wrapper.c).
  *
  * Why: both sides must agree on the environment variables of the session's env overlay
- * (DESIGN.md §2, server/protocol.py) and on how the inherited socket is recognised.
+ * (docs/DESIGN.md §2, server/protocol.py) and on how the inherited socket is recognised.
  * Limits: every helper here is async-signal-safe and heap-free, so that the shim may call it in a
  * vfork child; nothing here takes a lock or touches stdio.
  */

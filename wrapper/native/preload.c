@@ -2,7 +2,7 @@
  * preload.c — execgate's LD_PRELOAD shim: every exec-family call and posix_spawn/posix_spawnp of a
  * dynamically linked process becomes an exec of the session's execve wrapper (EXEC_WRAPPER) with
  * argv [WRAPPER, RESOLVED_FILE, ARGV0, ARGV1, ...], exactly as a shell patched for Codex's
- * shell-escalation protocol would do (DESIGN.md §2, §6). The wrapper asks the escalation server
+ * shell-escalation protocol would do (docs/DESIGN.md §2, §6). The wrapper asks the escalation server
  * and runs, escalates or denies the program.
  *
  * Why a shim: stock shells (bash, dash, zsh), make, xargs, find, Python and Perl call libc's exec

@@ -1,7 +1,7 @@
 /*
  * wrapper.c — execgate's native execve wrapper: `execgate-wrapper-native FILE ARGV0 ARGV1 ...`.
  *
- * What: the client side of the Codex shell-escalation protocol (DESIGN.md §2), the same as the
+ * What: the client side of the Codex shell-escalation protocol (docs/DESIGN.md §2), the same as the
  * Python reference client wrapper/client.py. It asks the escalation server about one exec and
  * enforces the answer:
  *   handshake  datagram b"\0" + SCM_RIGHTS(fresh SOCK_STREAM socketpair end) on the inherited

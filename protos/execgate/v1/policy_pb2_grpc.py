@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class EscalationPolicyStub:
-    """The two decisions the escalation server delegates (DESIGN.md §4).
+    """The two decisions the escalation server delegates (docs/DESIGN.md §4).
     """
 
     def __init__(self, channel):
@@ -48,7 +48,7 @@ class EscalationPolicyStub:
 
 
 class EscalationPolicyServicer:
-    """The two decisions the escalation server delegates (DESIGN.md §4).
+    """The two decisions the escalation server delegates (docs/DESIGN.md §4).
     """
 
     def DetermineAction(self, request, context):
@@ -90,7 +90,7 @@ def add_EscalationPolicyServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class EscalationPolicy:
-    """The two decisions the escalation server delegates (DESIGN.md §4).
+    """The two decisions the escalation server delegates (docs/DESIGN.md §4).
     """
 
     @staticmethod
