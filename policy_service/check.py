@@ -2,12 +2,12 @@
 
 Usage::
 
-    execgate policy check [--rules FILE]… [--default D] [--trusted-dir DIR]… [--json] \\
-        -- PROGRAM [ARGS…]
+    execgate policy check [--rules FILE]… [--no-default-rules] [--default D] [--trusted-dir DIR]… \\
+        [--json] -- PROGRAM [ARGS…]
 
 PROGRAM is resolved through ``PATH`` unless it contains a ``/`` (then made absolute), exactly
-as the server resolves an exec before asking the policy. Without ``--rules`` the shipped default
-rules are checked. Prints every matching rule (id, source, decision), the rules skipped because
+as the server resolves an exec before asking the policy. ``--rules`` files layer on top of the
+shipped default rules (unless ``--no-default-rules``); the files in force are printed first. Prints every matching rule (id, source, decision), the rules skipped because
 the program path is not trusted, and the winner. Exit status: 0 after printing a decision, 2
 when a rules file is bad (the RulesError is printed) or PROGRAM cannot be resolved.
 
@@ -27,15 +27,18 @@ from typing import Any, TextIO
 
 from execgate.server.policy import Execution
 
-from .rules_engine import DEFAULT_RULES_PATH, RuleSet
+from .rules_engine import RuleSet
 from .rules_model import DECISIONS, Evaluation, Rule, RulesError
+from .rules_store import describe_paths, layered_paths
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``policy check``'s options and the command to ``parser``."""
     parser.add_argument("--rules", action="append", metavar="FILE", default=None,
-                        help="rules file (.toml or Codex .rules) or directory; repeatable "
-                             "(default: the shipped default rules)")
+                        help="rules file (.toml or Codex .rules) or directory, layered on top of the "
+                             "shipped rules; repeatable ('default' names the shipped file)")
+    parser.add_argument("--no-default-rules", action="store_true",
+                        help="do not load the shipped default rules under --rules")
     parser.add_argument("--default", choices=DECISIONS, default=None,
                         help="decision for unmatched commands (can tighten a file's default)")
     parser.add_argument("--trusted-dir", action="append", metavar="DIR", dest="trusted_dirs",
@@ -59,8 +62,8 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
     """
     out = out or sys.stdout
     err = err or sys.stderr
-    paths = args.rules or [str(DEFAULT_RULES_PATH)]
     try:
+        paths = layered_paths(args.rules or [], defaults=not args.no_default_rules)
         rules = RuleSet.load(paths, default=args.default, trusted_dirs=args.trusted_dirs)
     except RulesError as exc:
         print(f"execgate policy check: bad rules: {exc}", file=err)
@@ -73,9 +76,12 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
         return 2
     evaluation = rules.evaluate(program, argv)
     if args.json:
-        json.dump(evaluation_to_json(program, argv, evaluation), out, indent=2)
+        report = evaluation_to_json(program, argv, evaluation)
+        report["rules_files"] = [str(p) for p in rules.sources]
+        json.dump(report, out, indent=2)
         out.write("\n")
     else:
+        out.write(f"rules:    {describe_paths(paths)}\n")
         out.write(format_text(program, argv, evaluation))
     return 0
 

@@ -50,7 +50,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve EscalationPolicy and Approvals over gRPC")
     p.add_argument("--listen", required=True, metavar="ADDRESS", help="unix:///path (mode 0600) or host:port")
     p.add_argument("--rules", nargs="+", action="extend", default=[], metavar="FILE",
-                   help="rules files or directories (.toml, Codex .rules); default: the shipped rules")
+                   help="rules files or directories (.toml, Codex .rules), layered on top of the shipped "
+                        "rules ('default' names the shipped file)")
+    p.add_argument("--no-default-rules", action="store_true",
+                   help="do not load the shipped default rules under --rules")
     p.add_argument("--default", choices=("run", "escalate", "prompt", "deny"), default="run",
                    help="decision for commands no rule matches (default: run)")
     p.add_argument("--audit-log", metavar="FILE", help="append one JSON line per decision to FILE")
@@ -91,12 +94,15 @@ def _serve(args: argparse.Namespace) -> int:
     from execgate.policy_service.server import load_rules
 
     try:
-        rules = load_rules(args.rules, default=args.default)
+        rules = load_rules(args.rules, default=args.default, defaults=not args.no_default_rules)
         token = read_token(args.token_file)
     except Exception as exc:  # RulesError, OSError, ValueError: a one-line message, exit 2
         print(f"execgate policy serve: {exc}", file=sys.stderr)
         return 2
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert or args.tls_key else None
+    from execgate.policy_service.rules import describe_paths
+
+    log.info("rules in force: %s", describe_paths(rules.current.sources))
     return _run(_serve_async(args, rules, tls, token))
 
 

@@ -26,12 +26,13 @@ from __future__ import annotations
 from .codex_rules import CODEX_DECISIONS, load_codex
 from .rules_engine import DEFAULT_RULES_PATH, RuleSet
 from .rules_model import DECISIONS, RESTRICTIVE, STRICTNESS, Evaluation, Rule, RulesError
-from .rules_store import RulesStore
+from .rules_store import DEFAULT_RULES_NAME, RulesStore, describe_paths, layered_paths
 from .rules_toml import load_toml
 
 __all__ = [
     "CODEX_DECISIONS",
     "DECISIONS",
+    "DEFAULT_RULES_NAME",
     "DEFAULT_RULES_PATH",
     "Evaluation",
     "RESTRICTIVE",
@@ -40,6 +41,8 @@ __all__ = [
     "RulesError",
     "RulesStore",
     "STRICTNESS",
+    "describe_paths",
+    "layered_paths",
     "load_codex",
     "load_toml",
 ]

@@ -14,7 +14,9 @@ Evaluation of ``(program, argv)``, ``program`` absolute:
 Trust of an absolute ``program`` for basename rules, first that applies:
 
 - a ``host_executable`` entry exists for the basename: trusted only if listed (Codex semantics);
-- ``trusted_dirs`` is configured: trusted only if its directory is one of them (exactly);
+- its directory is one of the configured ``trusted_dirs`` (exactly): trusted. The list *adds*
+  to the test below (a virtualenv's ``bin`` listed in a rules file does not take trust away from
+  ``/usr/bin/git``);
 - otherwise: trusted only if its directory and every parent are owned by root and not writable
   by group or others (``os.stat``), the file (when it exists) is owned by root and not writable
   by group or others, and the same holds for the resolved symlink target's directory. This is
@@ -63,7 +65,7 @@ class RuleSet:
         Args:
             rules: rules in priority order for ties (load order).
             default: decision for commands no rule matches.
-            trusted_dirs: directories whose programs basename rules trust; None selects the
+            trusted_dirs: directories whose programs basename rules trust, in addition to the
                 root-owned-directory test.
             host_executables: basename → the only absolute paths its permissive rules trust.
             sources: the files the rules came from (informational).
@@ -190,8 +192,8 @@ class RuleSet:
         listed = self._hosts.get(os.path.basename(program))
         if listed is not None:
             return program in listed
-        if self._trusted_dirs is not None:
-            return os.path.dirname(program) in self._trusted_dirs
+        if self._trusted_dirs is not None and os.path.dirname(program) in self._trusted_dirs:
+            return True
         if not (_root_dir_chain(os.path.dirname(program)) and _root_file(program)):
             return False
         real = os.path.realpath(program)

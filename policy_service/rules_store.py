@@ -14,10 +14,43 @@ import signal
 from pathlib import Path
 from typing import Iterable
 
-from .rules_engine import RuleSet, expand_paths
+from .rules_engine import DEFAULT_RULES_PATH, RuleSet, expand_paths
 from .rules_model import RulesError
 
 log = logging.getLogger(__name__)
+
+#: The name that stands for the shipped rules file in a list of rules paths (``--rules default``).
+DEFAULT_RULES_NAME = "default"
+
+
+def layered_paths(paths: Iterable[str | os.PathLike[str]], *, defaults: bool = True) -> list[Path]:
+    """The rules files in force for ``--rules PATHS`` (in load order).
+
+    Rules files layer on top of the shipped default rules: the default file is added unless
+    ``defaults`` is False (``--no-default-rules``) or it is already named. It is added *last*: the
+    strictest matching rule wins whatever its file, and among equally strict rules the first
+    loaded wins, so a file's own rule (and its justification) beats a default rule of the same
+    decision. The word ``default`` names the shipped file, so ``--rules default --rules mine.toml``
+    chooses another order. A file named twice is loaded once.
+
+    Raises:
+        RulesError: no rules at all (``defaults`` False and no path).
+    """
+    chosen: list[Path] = []
+    for raw in paths:
+        path = DEFAULT_RULES_PATH if str(raw) == DEFAULT_RULES_NAME else Path(raw)
+        if path not in chosen:
+            chosen.append(path)
+    if defaults and DEFAULT_RULES_PATH not in chosen:
+        chosen.append(DEFAULT_RULES_PATH)
+    if not chosen:
+        raise RulesError("no rules: --no-default-rules needs at least one --rules FILE")
+    return chosen
+
+
+def describe_paths(paths: Iterable[Path]) -> str:
+    """One line naming the rules files in force, the shipped file as ``default``."""
+    return " + ".join(f"default ({p})" if p == DEFAULT_RULES_PATH else str(p) for p in paths)
 
 _Signature = tuple[tuple[str, int, int, int] | tuple[str], ...]
 

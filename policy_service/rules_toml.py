@@ -3,7 +3,7 @@
 Schema (every key is optional unless marked; unknown keys are errors)::
 
     default = "run"                   # decision for commands no rule matches
-    trusted_dirs = ["/opt/tools/bin"] # replaces the root-owned-directory test (see rules_engine)
+    trusted_dirs = ["/opt/tools/bin"] # adds to the root-owned-directory test (see rules_engine)
 
     [host_executable]                 # basename -> the only paths its permissive rules apply to
     git = ["/usr/bin/git", "/opt/homebrew/bin/git"]

@@ -91,15 +91,18 @@ class PolicyServer:
             await self._health.set(name, status)
 
 
-def load_rules(paths: Sequence[str | os.PathLike[str]], *, default: str = "run"):  # -> RulesStore
+def load_rules(paths: Sequence[str | os.PathLike[str]], *, default: str = "run", defaults: bool = True):  # -> RulesStore
     """Load the rules engine's store (imported here: the engine is a separate module).
 
-    Raises:
-        RulesError: a rules file is bad.
-    """
-    from execgate.policy_service.rules import DEFAULT_RULES_PATH, RulesStore
+    ``paths`` layer on top of the shipped default rules unless ``defaults`` is False
+    (:func:`execgate.policy_service.rules.layered_paths`; ``"default"`` names the shipped file).
 
-    return RulesStore(list(paths) or [DEFAULT_RULES_PATH], default=default)
+    Raises:
+        RulesError: a rules file is bad, or there are no rules at all.
+    """
+    from execgate.policy_service.rules import RulesStore, layered_paths
+
+    return RulesStore(layered_paths(paths, defaults=defaults), default=default)
 
 
 @contextlib.asynccontextmanager
@@ -151,6 +154,7 @@ async def serve_embedded(
     rules_paths: Sequence[str | os.PathLike[str]] = (),
     *,
     default: str = "run",
+    default_rules: bool = True,
     audit_log: str | os.PathLike[str] | None = None,
     approval_timeout_s: float = 60.0,
     approver_wait_s: float = 0.0,
@@ -158,7 +162,8 @@ async def serve_embedded(
     """Run the policy service in this event loop on a private Unix socket.
 
     The socket lives in a fresh directory of mode 0700 (removed on exit), so only this user
-    reaches it. With no ``rules_paths``, the rules shipped in the package decide.
+    reaches it. ``rules_paths`` layer on top of the rules shipped in the package unless
+    ``default_rules`` is False.
 
     Yields:
         The address to give :class:`~execgate.server.grpc_policy.GrpcPolicy` (``unix:///…``).
@@ -166,7 +171,7 @@ async def serve_embedded(
     Raises:
         RulesError: a rules file is bad.
     """
-    rules = load_rules(rules_paths, default=default)
+    rules = load_rules(rules_paths, default=default, defaults=default_rules)
     directory = tempfile.mkdtemp(prefix="execgate-policy-")
     try:
         async with running_service(

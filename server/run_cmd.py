@@ -39,12 +39,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
             "children make is decided by the policy service: Run (in the sandbox), Escalate "
             "(outside it, wired to the caller's stdio) or Deny. Exits with the script's status."
         ),
-        epilog="example: execgate run --sandbox bwrap -- 'git status && git push'",
+        epilog=("examples:\n  execgate run -- 'git status && git push'     # one word: a shell script\n"
+                "  execgate run -- python3 -c 'print(\"hi there\")'  # several words: a command, quoted exactly"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("script", metavar="SCRIPT", nargs="+", help="the script (words are joined with spaces)")
+    parser.add_argument("script", metavar="SCRIPT", nargs="+",
+                        help="one word: a shell script (e.g. 'make && make test'); several words: a "
+                             "command and its arguments, run exactly as given (like sudo or env)")
     pol = parser.add_mutually_exclusive_group()
     pol.add_argument("--rules", metavar="FILE", action="append", default=[],
-                     help="rules for the embedded policy service (repeatable; default: the rules shipped with execgate)")
+                     help="rules for the embedded policy service, layered on top of the shipped default "
+                          "rules (repeatable; 'default' names the shipped file)")
+    parser.add_argument("--no-default-rules", action="store_true",
+                        help="do not load the shipped default rules under --rules")
     pol.add_argument("--policy", metavar="ADDRESS", help="a running policy service (unix:///path or host:port)")
     parser.add_argument("--token-file", metavar="FILE", help="bearer token for --policy")
     parser.add_argument("--tls", action="store_true", help="reach --policy over TLS (implied by the --tls-* options)")
@@ -94,6 +101,33 @@ def main(args: argparse.Namespace) -> int:
         return SETUP_FAILED
     except KeyboardInterrupt:
         return 130
+
+
+def script_text(words: list[str]) -> str:
+    """The shell text for ``execgate run -- WORDS…``: one word is a script, given as is; several
+    words are one command and its arguments, each quoted exactly (the convention of ``sudo``,
+    ``env`` and ``bwrap``): ``["python3", "-c", 'print("hi there")']`` runs that argv."""
+    import shlex
+
+    return words[0] if len(words) == 1 else shlex.join(words)
+
+
+def rules_line(args: argparse.Namespace) -> str:
+    """What ``execgate run`` says about the rules in force (``rules: default (…) + mine.toml``).
+
+    Raises:
+        RunSetupError: ``--no-default-rules`` without ``--rules``, or with ``--policy``.
+    """
+    if args.policy:
+        if args.no_default_rules:
+            raise RunSetupError("--no-default-rules is for the embedded policy service; a running one (--policy) has its own rules")
+        return f"rules: those of the policy service at {args.policy}"
+    from execgate.policy_service.rules import RulesError, describe_paths, layered_paths
+
+    try:
+        return "rules: " + describe_paths(layered_paths(args.rules, defaults=not args.no_default_rules))
+    except RulesError as exc:
+        raise RunSetupError(str(exc)) from exc
 
 
 def parse_labels(items: list[str]) -> dict[str, str]:
@@ -189,7 +223,7 @@ async def policy_address(args: argparse.Namespace) -> AsyncIterator[str]:
     from execgate.policy_service.server import serve_embedded
 
     try:
-        embedded = serve_embedded(args.rules, audit_log=args.audit_log)
+        embedded = serve_embedded(args.rules, audit_log=args.audit_log, default_rules=not args.no_default_rules)
         address = await embedded.__aenter__()
     except (RulesError, OSError) as exc:
         raise RunSetupError(f"cannot start the embedded policy service: {exc}") from exc
@@ -259,8 +293,10 @@ def tls_credentials(args: argparse.Namespace) -> object:
 async def run(args: argparse.Namespace) -> int:
     """Run ``args.script`` as ``execgate run`` does; returns the exit status to use."""
     plan = _plan(args)
+    rules = rules_line(args)
     if not args.quiet:
         print(f"execgate: {plan.sandbox.note}", file=sys.stderr, flush=True)  # type: ignore[attr-defined]
+        print(f"execgate: {rules}", file=sys.stderr, flush=True)
     received = _cancel_on_signals()
     try:
         return await _run_session(args, plan)
@@ -299,7 +335,7 @@ async def _run_session(args: argparse.Namespace, plan: _Plan) -> int:
             server = EscalateServer(plan.shell, str(plan.wrapper), policy, launcher=plan.sandbox,  # type: ignore[arg-type]
                                     extra_env=plan.extra_env)  # type: ignore[arg-type]
             result = await server.exec(
-                " ".join(args.script), plan.workdir, timeout_s=args.timeout, login=args.login,
+                script_text(args.script), plan.workdir, timeout_s=args.timeout, login=args.login,
                 on_output=None if args.json else _stream, labels=plan.labels,
             )
         finally:

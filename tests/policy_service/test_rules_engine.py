@@ -140,12 +140,14 @@ def test_renamed_symlink_to_denied_program_is_denied(rules, tmp_path):
     assert (ev.decision, ev.rule.id) == ("deny", "no-sudo")
 
 
-def test_trusted_dirs_replace_the_root_owned_check(tmp_path):
+def test_trusted_dirs_add_to_the_root_owned_check(tmp_path):
     (tmp_path / "t.toml").write_text(RULES)
     rules = RuleSet.load([tmp_path / "t.toml"], trusted_dirs=[str(tmp_path / "bin")])
     assert rules.evaluate(str(tmp_path / "bin" / "git"), ["git", "push"]).decision == "escalate"
-    assert rules.evaluate("/usr/bin/git", ["git", "push"]).decision == "run"
+    # Listing a virtualenv's bin does not take trust away from the system's git.
+    assert rules.evaluate("/usr/bin/git", ["git", "push"]).decision == "escalate"
     assert rules.evaluate(str(tmp_path / "bin/sub/git"), ["git", "push"]).decision == "run"
+    assert rules.evaluate(str(tmp_path / "git"), ["git", "push"]).decision == "run"
 
 
 def test_host_executable_limits_trust_to_listed_paths(tmp_path):
