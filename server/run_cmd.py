@@ -257,6 +257,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
     """Resolve the options. Raises RunSetupError with a one-line reason."""
     from execgate.server.sandbox import SandboxError, choose_sandbox
 
+    if args.policy is not None and not args.policy.strip():
+        raise RunSetupError("--policy: empty address (give unix:///path or host:port, or leave --policy out for the embedded service)")
     workdir = os.path.abspath(args.cwd or os.getcwd())
     if not os.path.isdir(workdir):
         raise RunSetupError(f"--cwd {workdir}: not a directory")

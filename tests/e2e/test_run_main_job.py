@@ -61,3 +61,15 @@ def test_several_words_are_one_command_quoted_exactly(tmp_path):
 def test_one_word_is_a_script(tmp_path):
     done = execgate("run", "-q", "--sandbox", "none", "--", "echo a && echo b; exit 3", cwd=tmp_path)
     assert (done.returncode, done.stdout) == (3, "a\nb\n"), done.stderr
+
+
+def test_the_examples_folder_loads_as_one_directory():
+    done = execgate("policy", "check", "--rules", str(REPO / "examples"), "--", "/usr/bin/git", "push", "-f")
+    assert done.returncode == 0, done.stderr
+    assert "decision: deny" in done.stdout
+
+
+def test_an_empty_policy_address_is_an_error_not_the_embedded_service(tmp_path):
+    done = execgate("run", "--policy", "", "--", "true", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "--policy: empty address" in done.stderr
