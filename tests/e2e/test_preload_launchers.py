@@ -44,7 +44,9 @@ CASES = [
         "bash",
         f"{PY} -c 'import os, shutil\nfor n in (\"{DENIED}\", \"{ALLOWED}\"):\n"
         f"    pid = os.posix_spawn(shutil.which(n), [n, \"x\"], os.environ)\n"
-        f"    print(\"denied-status=%d\" % os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) if n == \"{DENIED}\" else \"\", flush=True)'",
+        # Wait for both: an unwaited child could still be asking when the session closes.
+        f"    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])\n"
+        f"    print(\"denied-status=%d\" % status if n == \"{DENIED}\" else \"\", flush=True)'",
         1,
     ),
     (
