@@ -91,6 +91,7 @@ def test_prompt_approved_escalates_and_denied_gives_the_approvers_reason(short_t
     assert done.returncode == 0
     assert outside.exists() and not Path(f"{outside}-2").exists()
     assert shown.count("rule:    ask-touch — touching files needs a person") == 2
+    assert shown.count("   env:     ") == 2 and "PATH=/usr/local/sbin:" in shown  # what reaches the command
     assert shown.count("   sent\n") == 2
     touches = [r for r in audit_records(log) if r["argv"][0] == "touch"]
     assert [(r["decision"], r["rule_id"], r["approver"]) for r in touches] == [

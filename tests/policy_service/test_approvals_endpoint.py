@@ -125,3 +125,34 @@ async def test_serve_refuses_unsafe_approvals_options(short_tmp: Path, rules_fil
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     assert (b"must hold a different token" if same else b"needs --approvals-token-file") in err
+
+
+def ls_with_env(env: dict[str, str]):
+    request = ls_request("s-env", "-1")
+    request.env.update(env)
+    return request
+
+
+async def test_approver_sees_the_env_and_a_session_grant_covers_only_it(service) -> None:
+    from execgate.policy_service.approver import describe
+    from execgate.policy_service.envclean import SAFE_PATH
+
+    async with service() as server, grpc.aio.insecure_channel(server.addresses[0]) as channel:
+        approver = await Approver(server, channel).connected()
+        first = asyncio.ensure_future(determine(channel, ls_with_env(
+            {"LANG": "C.UTF-8", "HOME": "/x", "LD_PRELOAD": "/x/e.so", "PATH": "/x/bin"})))
+        pending = await approver.next()
+        assert dict(pending.env) == {"LANG": "C.UTF-8", "PATH": SAFE_PATH}
+        assert f"env:     LANG=C.UTF-8 PATH={SAFE_PATH}" in describe(pending)
+        await approver.resolve(pending, apb.VERDICT_APPROVE_FOR_SESSION)
+        assert (await first).WhichOneof("action") == "escalate"
+        # Same env reaching the command (HOME differs, but HOME never reaches it): granted.
+        again = await determine(channel, ls_with_env({"LANG": "C.UTF-8", "HOME": "/elsewhere"}))
+        assert again.WhichOneof("action") == "escalate" and approver.queue.empty()
+        # A variable that reaches the command differs: asked again.
+        other = asyncio.ensure_future(determine(channel, ls_with_env({"LANG": "de_DE.UTF-8"})))
+        asked = await approver.next()
+        assert dict(asked.env) == {"LANG": "de_DE.UTF-8", "PATH": SAFE_PATH}
+        await approver.resolve(asked, apb.VERDICT_DENY, "not that one")
+        assert (await other).reason == "not that one"
+        await approver.close()
