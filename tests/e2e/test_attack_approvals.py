@@ -108,10 +108,10 @@ def test_escalated_command_seeing_host_tmp_cannot_approve(attacker: Attacker) ->
                              _script(), cwd=work)
     log = _assert_held(attacker, done, work)
     found = next(r for r in log if r.get("step") == "found")
-    # The attack was real: it found the embedded decision socket on the host's /tmp ...
-    assert any("/tmp/execgate-" in e for e in found["endpoints"]), log  # type: ignore[union-attr]
+    # The attack was real: it found this run's embedded decision socket on the host's /tmp ...
+    assert any("/tmp/execgate-" in e for e in found["ours"]), log  # type: ignore[union-attr]
     # ... and no credential it could find opened Approvals there.
-    assert not [r for r in log if r.get("step") == "list" and r.get("ok")], log
+    assert not [r for r in log if r.get("step") == "list" and r.get("ok") and r.get("ours")], log
 
 
 def test_no_sandbox_denies_prompts_plainly(attacker: Attacker) -> None:

@@ -68,6 +68,13 @@ def walk_sockets(root: str, depth: int = 3) -> set[str]:
     return found
 
 
+def owner(path: str) -> int:
+    try:
+        return os.stat(path).st_uid
+    except OSError:
+        return -1
+
+
 def ancestors() -> list[int]:
     chain, pid = [], os.getppid()
     while pid > 1:
@@ -201,13 +208,18 @@ def watch(stub: approvals_pb2_grpc.ApprovalsStub, md: tuple, where: str) -> None
 
 def main() -> None:
     near = ancestor_sockets() | walk_sockets(os.environ.get("TMPDIR", "")) | walk_sockets(ME)
+    near = {os.path.normpath(s) for s in near}  # /proc/net/unix may say ///tmp/…
     # Other services on this machine are probed (ListPending) but never watched: a watcher counts
     # as an approver there. The ancestor's, TMPDIR's and our own directory's are ours.
     far = {s for s in walk_sockets("/tmp", 2) if os.path.basename(os.path.dirname(s)).startswith("execgate-")}
-    endpoints = {f"unix://{s}": s in near for s in near | far}
+    # Ours: found through our ancestors, TMPDIR or cwd, or (not root) in a directory of our own
+    # uid — as root every other run's directory on this machine is visible too.
+    mine = near | {s for s in far if os.getuid() != 0 and owner(os.path.dirname(s)) == os.getuid()}
+    endpoints = {f"unix://{s}": s in mine for s in near | far}
     endpoints.update({address: True for address in options("--tcp")})
     tokens = credentials(near | far)
-    note(step="found", endpoints=sorted(endpoints), tokens=len(tokens))
+    note(step="found", endpoints=sorted(endpoints), ours=sorted(a for a, o in endpoints.items() if o),
+         tokens=len(tokens))
     usable = []
     for address, ours in sorted(endpoints.items()):
         for token in tokens:
@@ -215,13 +227,13 @@ def main() -> None:
             stub = approvals_pb2_grpc.ApprovalsStub(grpc.insecure_channel(address))
             try:
                 stub.ListPending(apb.ListPendingRequest(), metadata=md, timeout=3)
-                note(step="list", where=address, token=token is not None, ok=True)
+                note(step="list", where=address, token=token is not None, ok=True, ours=ours)
                 usable.append((stub, md, address))
                 if ours:
                     threading.Thread(target=watch, args=(stub, md, address), daemon=True).start()
             except grpc.RpcError as exc:
-                note(step="list", where=address, token=token is not None, code=exc.code().name)
-    time.sleep(0.5)  # let the watchers' streams reach the service before the prompt is made
+                note(step="list", where=address, token=token is not None, code=exc.code().name, ours=ours)
+    time.sleep(2.0)  # let the watchers' streams reach the service before the prompt is made
     open(READY, "w").close()
     deadline = time.monotonic() + 40
     while not os.path.exists(DONE) and time.monotonic() < deadline:
