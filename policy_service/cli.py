@@ -111,6 +111,10 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"execgate policy serve: {exc}", file=sys.stderr)
         return 2
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert or args.tls_key else None
+    if approvals_token is None and args.approvals_listen is None:
+        log.warning("Approvals share the decision endpoint and its credential: a session that can reach "
+                    "%s (or read the --token-file) can answer its own prompts; see --approvals-token-file "
+                    "and --approvals-listen", args.listen)
     return _run(_serve_async(args, rules, tls, token, approvals_token))
 
 

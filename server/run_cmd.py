@@ -237,6 +237,10 @@ async def policy_address(args: argparse.Namespace, sandboxed: bool = True) -> As
         if args.audit_log or args.approver_wait is not None:
             raise RunSetupError("--audit-log and --approver-wait are for the embedded policy service; "
                                 "a running one (--policy) has its own")
+        if not sandboxed and not args.quiet:
+            print("execgate: no sandbox: the shell can do anything your account can; prompts are safe only if "
+                  "the policy service's approver and its credential are out of your account's reach",
+                  file=sys.stderr, flush=True)
         yield PolicyEndpoint(args.policy, None)
         return
     if args.approver_wait is not None and not sandboxed:

@@ -156,3 +156,19 @@ async def test_approver_sees_the_env_and_a_session_grant_covers_only_it(service)
         await approver.resolve(asked, apb.VERDICT_DENY, "not that one")
         assert (await other).reason == "not that one"
         await approver.close()
+
+
+async def test_serve_with_a_separate_approvals_listener(short_tmp: Path, rules_file: Path) -> None:
+    """``policy serve --approvals-listen … --approvals-token-file …`` as a real process."""
+    from test_cli_serve import serve_process
+
+    token_file = short_tmp / "a.token"
+    token_file.write_text("approver-secret\n")
+    approvals = f"unix://{short_tmp / 'a.sock'}"
+    async with serve_process(short_tmp, rules_file, "--approvals-listen", approvals,
+                             "--approvals-token-file", str(token_file)) as (_, address):
+        async with grpc.aio.insecure_channel(address) as decisions, grpc.aio.insecure_channel(approvals) as channel:
+            assert await decide_code(decisions) == grpc.StatusCode.OK
+            assert await list_code(decisions, bearer("approver-secret")) == grpc.StatusCode.UNIMPLEMENTED
+            assert await list_code(channel) == grpc.StatusCode.UNAUTHENTICATED
+            assert await list_code(channel, bearer("approver-secret")) == grpc.StatusCode.OK
