@@ -4,12 +4,15 @@ A ``prompt`` rule turns a request into an :class:`ApprovalRequest` that every co
 (a subscriber of :meth:`ApprovalBroker.subscribe`) sees. The first answer wins:
 
 - approve once: this request escalates;
-- approve for the session: this request and every later identical one (same session, program and
-  argv) escalate without asking again;
+- approve for the session: this request and every later identical one (same session, program,
+  argv and environment reaching the command) escalate without asking again; a later request
+  whose environment differs in what would reach the command is asked again;
 - deny: denied with the approver's reason.
 
 No answer by the deadline: denied, saying it timed out. No approver connected (after waiting
-``approver_wait_s`` for one): denied at once, saying so. This module knows nothing of gRPC; the
+``approver_wait_s`` for one): denied at once, saying so. A broker made with ``refuse_reason``
+(a service whose approvers the session could reach, e.g. ``execgate run --sandbox none``)
+denies every prompt at once with that reason. This module knows nothing of gRPC; the
 ``Approvals`` servicer is a thin layer over it.
 """
 
@@ -20,7 +23,7 @@ import contextlib
 import logging
 import uuid
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Literal, Sequence
+from typing import AsyncIterator, Literal, Mapping, Sequence
 
 from execgate.server.policy import Execution, SessionContext
 
@@ -47,6 +50,8 @@ class ApprovalRequest:
         reason: the rule's justification.
         execution: how the command runs if approved.
         deadline: ``loop.time()`` (seconds) after which it is denied for lack of an answer.
+        env: the environment that will reach the command if approved, as sorted (name, value)
+            pairs (shown to approvers; part of what an approve-for-session grant covers).
     """
 
     request_id: str
@@ -58,6 +63,7 @@ class ApprovalRequest:
     reason: str
     execution: Execution
     deadline: float
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,16 +101,21 @@ class ApprovalBroker:
         timeout_s: how long a request waits for an answer, in seconds.
         approver_wait_s: how long a request waits for a first approver to connect when none is
             connected, in seconds (0: deny at once).
+        refuse_reason: if set, every request is denied at once with this reason (no approver
+            is asked, no grant applies).
 
     All methods must be called from the event loop that runs the service.
     """
 
-    def __init__(self, *, timeout_s: float = 60.0, approver_wait_s: float = 0.0) -> None:
+    def __init__(
+        self, *, timeout_s: float = 60.0, approver_wait_s: float = 0.0, refuse_reason: str | None = None
+    ) -> None:
         self.timeout_s = timeout_s
         self.approver_wait_s = approver_wait_s
+        self.refuse_reason = refuse_reason
         self._pending: dict[str, _Pending] = {}
         self._subscribers: set[_Subscriber] = set()
-        self._grants: dict[tuple[str, str, tuple[str, ...]], str] = {}
+        self._grants: dict[tuple[object, ...], str] = {}
         self._approver_joined: asyncio.Event | None = None
 
     @property
@@ -149,17 +160,22 @@ class ApprovalBroker:
         reason: str,
         execution: Execution,
         timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> ApprovalOutcome:
         """Ask the approvers about one exec and wait for the outcome.
 
         Args:
             timeout_s: wait at most this long (seconds) instead of the broker's ``timeout_s``
                 (the service passes less when its caller's deadline is nearer).
+            env: the environment that would reach the command (shown to approvers).
 
         Returns:
             The outcome; never raises for a missing or silent approver.
         """
-        key = (session.session_id, program, tuple(argv))
+        if self.refuse_reason is not None:
+            return ApprovalOutcome(False, self.refuse_reason)
+        shown_env = tuple(sorted((env or {}).items()))
+        key = (session.session_id, program, tuple(argv), shown_env)
         if key in self._grants:
             return ApprovalOutcome(True, "approved earlier for this session", self._grants[key], True)
         loop = asyncio.get_running_loop()
@@ -168,7 +184,7 @@ class ApprovalBroker:
         if not self._subscribers and not await self._wait_for_approver(min(self.approver_wait_s, timeout)):
             return ApprovalOutcome(False, "approval required but no approver is connected")
         request = ApprovalRequest(
-            uuid.uuid4().hex, session, program, tuple(argv), workdir, rule_id, reason, execution, deadline
+            uuid.uuid4().hex, session, program, tuple(argv), workdir, rule_id, reason, execution, deadline, shown_env
         )
         pending = _Pending(request, loop.create_future())
         self._pending[request.request_id] = pending

@@ -1,10 +1,12 @@
 """``execgate approve``: a terminal approver on the ``Approvals`` stream.
 
 It shows each pending request (program, argv, working directory, session id and labels, the
-rule and its justification, seconds left) and reads one answer line:
+rule and its justification, the environment the command will get, seconds left) and reads one
+answer line:
 
 - ``y`` — approve once;
-- ``s`` — approve for the session (later identical requests in that session escalate unasked);
+- ``s`` — approve for the session (later identical requests in that session, with the same
+  environment reaching the command, escalate unasked);
 - ``n`` — deny; a second line gives an optional reason (empty: none).
 
 Lines come from stdin, so scripted use works with piped input: ``printf 'y\\nn\\nnot now\\n' |
@@ -76,6 +78,7 @@ def describe(pending: apb.PendingApproval) -> str:
             f"   cwd:     {pending.target.workdir}",
             f"   session: {pending.session.session_id}  labels: {labels}",
             f"   rule:    {pending.rule_id or '(default)'} — {pending.reason or 'no justification'}",
+            "   env:     " + (" ".join(shlex.quote(f"{k}={v}") for k, v in sorted(pending.env.items())) or "(empty)"),
         ]
     )
 

@@ -1,6 +1,13 @@
 """``execgate policy serve|check|health`` and ``execgate approve`` (see each parser's help).
 
 ``policy check`` comes from :mod:`execgate.policy_service.check` (the rules engine) when present.
+
+``policy serve`` separates the two credentials (docs/DESIGN.md §8): ``--token-file`` guards the
+decision endpoint (the escalation servers hold it; a session may be able to read it), and
+``--approvals-token-file`` is then the only credential that authorises Approvals calls, on the
+same listener or on a separate one (``--approvals-listen``). Keep the approvals token file and
+socket where no session can read or reach them (another user's file, or under ``/tmp`` of the
+host, which every bwrap sandbox hides).
 """
 
 from __future__ import annotations
@@ -61,6 +68,11 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tls-key", metavar="PEM", help="server private key")
     p.add_argument("--tls-client-ca", metavar="PEM", help="require client certificates signed by this CA")
     p.add_argument("--token-file", metavar="FILE", help="require 'authorization: Bearer <token in FILE>'")
+    p.add_argument("--approvals-listen", metavar="ADDRESS",
+                   help="serve Approvals on this separate listener only (TCP needs --approvals-token-file)")
+    p.add_argument("--approvals-token-file", metavar="FILE",
+                   help="Approvals calls need 'authorization: Bearer <token in FILE>'; the --token-file token "
+                        "is then refused for them")
     p.add_argument("--approval-timeout", type=float, default=60.0, metavar="S",
                    help="seconds a prompt waits for an answer before it is denied (default 60)")
     p.add_argument("--approver-wait", type=float, default=0.0, metavar="S",
@@ -96,6 +108,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         rules = load_rules(args.rules, default=args.default, defaults=not args.no_default_rules)
         token = read_token(args.token_file)
+        approvals_token = read_token(args.approvals_token_file)
+        _check_approvals_options(args.approvals_listen, token, approvals_token)
     except Exception as exc:  # RulesError, OSError, ValueError: a one-line message, exit 2
         print(f"execgate policy serve: {exc}", file=sys.stderr)
         return 2
@@ -103,10 +117,28 @@ def _serve(args: argparse.Namespace) -> int:
     from execgate.policy_service.rules import describe_paths
 
     log.info("rules in force: %s", describe_paths(rules.current.sources))
-    return _run(_serve_async(args, rules, tls, token))
+    if approvals_token is None and args.approvals_listen is None:
+        log.warning("Approvals share the decision endpoint and its credential: a session that can reach "
+                    "%s (or read the --token-file) can answer its own prompts; see --approvals-token-file "
+                    "and --approvals-listen", args.listen)
+    return _run(_serve_async(args, rules, tls, token, approvals_token))
 
 
-async def _serve_async(args: argparse.Namespace, rules, tls: TlsFiles | None, token: str | None) -> int:
+def _check_approvals_options(listen: str | None, token: str | None, approvals_token: str | None) -> None:
+    """Refuse approvals settings that would let a holder of the decision token approve.
+
+    Raises:
+        ValueError: a TCP approvals listener without its own token, or the same token twice.
+    """
+    if listen and not listen.startswith("unix:") and not approvals_token:
+        raise ValueError("--approvals-listen on TCP needs --approvals-token-file")
+    if approvals_token is not None and approvals_token == token:
+        raise ValueError("--approvals-token-file must hold a different token than --token-file")
+
+
+async def _serve_async(
+    args: argparse.Namespace, rules, tls: TlsFiles | None, token: str | None, approvals_token: str | None
+) -> int:
     from execgate.policy_service.server import running_service
 
     loop = asyncio.get_running_loop()
@@ -117,7 +149,8 @@ async def _serve_async(args: argparse.Namespace, rules, tls: TlsFiles | None, to
         loop.add_signal_handler(signal.SIGHUP, rules.reload)
     try:
         async with running_service(
-            rules, address=args.listen, tls=tls, token=token, audit_log=args.audit_log,
+            rules, address=args.listen, tls=tls, token=token, approvals_address=args.approvals_listen,
+            approvals_token=approvals_token, audit_log=args.audit_log,
             approval_timeout_s=args.approval_timeout, approver_wait_s=args.approver_wait, grace_s=args.grace,
             rules_poll_s=args.rules_poll,
         ):

@@ -89,12 +89,15 @@ class DecisionService:
         *,
         budget_s: float | None = None,
         on_prompt: PromptHook | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> Decided:
         """Decide one exec (``program`` absolute, ``argv`` non-empty) and audit it.
 
         Args:
             budget_s: seconds the caller will wait (its deadline); a prompt answers before it.
             on_prompt: awaited before waiting for an approver, with the wait in seconds.
+            env: the caller's environment; a prompt shows the approver the part of it that
+                :meth:`prepare` would give the command (and a session grant covers only that).
 
         Returns:
             The Decision (with a fresh ``decision_id`` and a ``reason`` for every action) and the
@@ -112,8 +115,9 @@ class DecisionService:
         elif evaluation.decision == "escalate":
             decision = Decision.escalate(execution, reason=reason, **common)
         elif evaluation.decision == "prompt":
+            shown = clean_env(env or {}, evaluation.allow_env)
             decision, approver = await self._ask(
-                session, program, argv, workdir, rule_id, reason, execution, common, budget_s, on_prompt
+                session, program, argv, workdir, rule_id, reason, execution, common, budget_s, on_prompt, shown
             )
         else:
             decision = Decision.deny(reason or "denied by policy", **common)
@@ -132,8 +136,10 @@ class DecisionService:
         common: dict[str, str],
         budget_s: float | None,
         on_prompt: PromptHook | None,
+        env: Mapping[str, str],
     ) -> Decided:
-        """Run a prompt through the approvals broker; approval escalates with ``execution``."""
+        """Run a prompt through the approvals broker (showing ``env``, the environment that would
+        reach the command); approval escalates with ``execution``."""
         wait = self.approvals.timeout_s
         if budget_s is not None:
             # Answer with a timeout denial a little before the caller gives up on us.
@@ -141,7 +147,8 @@ class DecisionService:
         if on_prompt is not None:
             await on_prompt(wait)
         outcome = await self.approvals.request(
-            session, program, argv, workdir, rule_id=rule_id, reason=reason, execution=execution, timeout_s=wait
+            session, program, argv, workdir, rule_id=rule_id, reason=reason, execution=execution, timeout_s=wait,
+            env=env,
         )
         if outcome.approved:
             return Decided(Decision.escalate(execution, reason=outcome.reason, **common), outcome.approver)
@@ -191,8 +198,9 @@ class DecisionService:
         ``unsandboxed`` (and ``session_default`` for a session with no sandbox) gives
         ``[program, *argv[1:]]`` with ``arg0 = argv[0]``; a profile gives a bwrap command line
         (see :func:`execgate.server.sandbox.bwrap_argv`; bwrap cannot set argv[0], so ``arg0`` is
-        None and the program sees its path). The environment is cleaned, keeping the variables
-        that the matching rule's ``allow_env`` names.
+        None and the program sees its path). The environment is built from an allowlist plus the
+        variables that the matching rule's ``allow_env`` names, PATH fixed unless allowed
+        (:func:`execgate.policy_service.envclean.clean_env`): the very environment a prompt showed.
         """
         allow = self.rules.current.evaluate(program, argv).allow_env
         cleaned = clean_env(env, allow)

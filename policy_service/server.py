@@ -1,9 +1,25 @@
-"""The policy service process: a grpc.aio server with health checking and reflection.
+"""The policy service process: grpc.aio servers with health checking and reflection.
 
-:class:`PolicyServer` serves ``EscalationPolicy`` and ``Approvals`` over one
+:class:`PolicyServer` serves ``EscalationPolicy`` and/or ``Approvals`` over one
 :class:`~execgate.policy_service.decisions.DecisionService`, plus the standard
-``grpc.health.v1.Health`` and server reflection. :func:`serve_embedded` runs one inside the
-caller's event loop on a private Unix socket (``execgate run`` without ``--policy``).
+``grpc.health.v1.Health`` and server reflection. :func:`running_service` runs one listener for
+both services, or two — a decision endpoint and a separate approvals endpoint with its own
+credential (docs/DESIGN.md §8). :func:`serve_embedded` runs the service inside the caller's event
+loop for ``execgate run`` without ``--policy``.
+
+The embedded service's trust model (docs/DESIGN.md §8):
+
+- its sockets live in a fresh 0700 directory made directly under ``/tmp`` (never ``$TMPDIR``:
+  every bwrap sandbox hides the host's ``/tmp`` under a private tmpfs, while a ``TMPDIR`` chosen
+  by the caller may lie inside a directory the sandbox sees or writes);
+- the decision endpoint requires a random per-run token that exists only in this process's
+  memory (never in a file or an environment variable);
+- the approvals endpoint is opened only when asked for (``approvals=True``), on its own socket,
+  with its own random token written to a 0600 file in that private directory for ``execgate
+  approve --token-file``; the decision token never authorises it;
+- a caller that cannot isolate its sessions (``--sandbox none``) passes ``no_approver_reason``:
+  every prompt is then denied with that reason instead of being offered to an approver that the
+  session itself could reach.
 
 Shutdown: :meth:`PolicyServer.stop` first reports ``NOT_SERVING`` (so load balancers and
 ``execgate policy health`` see it go), then lets in-flight calls finish within the grace period.
@@ -17,8 +33,9 @@ import logging
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Collection, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -28,16 +45,18 @@ from execgate.policy_service.approvals import ApprovalBroker
 from execgate.policy_service.audit import AuditLog
 from execgate.policy_service.decisions import DecisionService, RulesSource
 from execgate.policy_service.servicer import ApprovalsServicer, EscalationPolicyServicer
-from execgate.policy_service.transport import TlsFiles, TokenInterceptor, add_port
+from execgate.policy_service.transport import TlsFiles, TokenInterceptor, add_port, new_token, write_private_file
 from execgate.v1 import approvals_pb2, approvals_pb2_grpc, policy_pb2, policy_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-#: Full names of the services this server offers (as used by health checking and reflection).
-SERVICE_NAMES: tuple[str, ...] = (
-    policy_pb2.DESCRIPTOR.services_by_name["EscalationPolicy"].full_name,
-    approvals_pb2.DESCRIPTOR.services_by_name["Approvals"].full_name,
-)
+POLICY_SERVICE = policy_pb2.DESCRIPTOR.services_by_name["EscalationPolicy"].full_name
+APPROVALS_SERVICE = approvals_pb2.DESCRIPTOR.services_by_name["Approvals"].full_name
+#: Full names of the services a combined server offers (as used by health checking and reflection).
+SERVICE_NAMES: tuple[str, ...] = (POLICY_SERVICE, APPROVALS_SERVICE)
+
+#: Where the embedded service makes its private directory: hidden inside every bwrap sandbox.
+EMBEDDED_PARENT = "/tmp"
 
 
 class PolicyServer:
@@ -46,20 +65,39 @@ class PolicyServer:
     Args:
         decisions: the decision logic (its ``approvals`` broker backs the Approvals service).
         token: if set, every call except health checks needs ``authorization: Bearer <token>``.
+        approvals_token: if set, Approvals calls need this token instead (``token`` is refused
+            for them); see :class:`~execgate.policy_service.transport.TokenInterceptor`.
+        services: full names of the services to offer (default both, on one listener).
+
+    Attributes:
+        addresses: the bound addresses, in the order added.
+        approvals_address: where Approvals is served (set by :func:`running_service`), or None.
     """
 
-    def __init__(self, decisions: DecisionService, *, token: str | None = None) -> None:
+    def __init__(
+        self,
+        decisions: DecisionService,
+        *,
+        token: str | None = None,
+        approvals_token: str | None = None,
+        services: Collection[str] = SERVICE_NAMES,
+    ) -> None:
         self.decisions = decisions
-        interceptors = [TokenInterceptor(token)] if token else []
+        self.services = tuple(name for name in SERVICE_NAMES if name in services)
+        secured = token or approvals_token
+        interceptors = [TokenInterceptor(token, approvals_token=approvals_token)] if secured else []
         self._server = grpc.aio.server(interceptors=interceptors)
         self._health = health.aio.HealthServicer()
-        policy_pb2_grpc.add_EscalationPolicyServicer_to_server(EscalationPolicyServicer(decisions), self._server)
-        approvals_pb2_grpc.add_ApprovalsServicer_to_server(ApprovalsServicer(decisions.approvals), self._server)
+        if POLICY_SERVICE in self.services:
+            policy_pb2_grpc.add_EscalationPolicyServicer_to_server(EscalationPolicyServicer(decisions), self._server)
+        if APPROVALS_SERVICE in self.services:
+            approvals_pb2_grpc.add_ApprovalsServicer_to_server(ApprovalsServicer(decisions.approvals), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
-            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
+            (*self.services, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
         )
         self.addresses: list[str] = []
+        self.approvals_address: str | None = None
 
     def add_port(self, address: str, *, tls: TlsFiles | None = None) -> str:
         """Listen on ``address`` (before :meth:`start`); return the address clients should use.
@@ -87,7 +125,7 @@ class PolicyServer:
         await self._server.wait_for_termination()
 
     async def _set_health(self, status: int) -> None:
-        for name in ("", *SERVICE_NAMES):
+        for name in ("", *self.services):
             await self._health.set(name, status)
 
 
@@ -112,41 +150,92 @@ async def running_service(
     address: str,
     tls: TlsFiles | None = None,
     token: str | None = None,
+    approvals_address: str | None = None,
+    approvals_token: str | None = None,
+    serve_approvals: bool = True,
     audit_log: str | os.PathLike[str] | None = None,
     approval_timeout_s: float = 60.0,
     approver_wait_s: float = 0.0,
+    no_approver_reason: str | None = None,
     grace_s: float = 1.0,
     rules_poll_s: float = 1.0,
 ) -> AsyncIterator[PolicyServer]:
     """Run a policy service on ``address`` for the duration of the ``async with``.
 
+    With ``approvals_address``, ``address`` serves only ``EscalationPolicy`` (needing ``token``)
+    and a second server on ``approvals_address`` serves only ``Approvals`` (needing
+    ``approvals_token``; the same ``tls`` if it is TCP); both share one broker. Without it, one
+    listener serves both, and ``approvals_token`` (if set) is still the only credential that
+    authorises Approvals calls. With ``serve_approvals`` False, Approvals is not served at all
+    (prompts then find no approver, unless ``approvals_address`` is given).
+
     If ``rules`` has a ``watch(interval_s)`` coroutine (a RulesStore), it runs meanwhile, checking
     every ``rules_poll_s`` seconds, so that edited rules files are reloaded.
 
+    Args:
+        no_approver_reason: if set, every prompt is denied with this reason (see
+            :class:`~execgate.policy_service.approvals.ApprovalBroker`).
+
     Yields:
-        The started server; ``server.addresses[0]`` is the bound address.
+        The started decision server; ``server.addresses[0]`` is its bound address and
+        ``server.approvals_address`` where Approvals is served.
 
     Raises:
         AddressError: cannot listen. OSError: the audit log cannot be opened.
     """
     audit = AuditLog(audit_log) if audit_log else None
-    broker = ApprovalBroker(timeout_s=approval_timeout_s, approver_wait_s=approver_wait_s)
-    server = PolicyServer(DecisionService(rules, approvals=broker, audit=audit), token=token)
+    broker = ApprovalBroker(timeout_s=approval_timeout_s, approver_wait_s=approver_wait_s,
+                            refuse_reason=no_approver_reason)
+    decisions = DecisionService(rules, approvals=broker, audit=audit)
+    if approvals_address is None:
+        services = SERVICE_NAMES if serve_approvals else (POLICY_SERVICE,)
+        servers = [PolicyServer(decisions, token=token, approvals_token=approvals_token, services=services)]
+    else:
+        servers = [
+            PolicyServer(decisions, token=token, services=(POLICY_SERVICE,)),
+            PolicyServer(decisions, approvals_token=approvals_token, services=(APPROVALS_SERVICE,)),
+        ]
     watcher: asyncio.Task[None] | None = None
+    started: list[PolicyServer] = []
     try:
-        server.add_port(address, tls=tls)
-        await server.start()
+        servers[0].add_port(address, tls=tls)
+        if approvals_address is not None:
+            servers[1].add_port(approvals_address, tls=tls if tls and not approvals_address.startswith("unix:") else None)
+        if APPROVALS_SERVICE in servers[-1].services:
+            servers[0].approvals_address = servers[-1].addresses[0]
+        for server in servers:
+            await server.start()
+            started.append(server)
         if callable(getattr(rules, "watch", None)):
             watcher = asyncio.create_task(rules.watch(rules_poll_s), name="execgate-rules-watch")  # type: ignore[attr-defined]
-        yield server
+        yield servers[0]
     finally:
         if watcher is not None:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-        await server.stop(grace_s)
+        for server in reversed(started):
+            await server.stop(grace_s)
         if audit is not None:
             audit.close()
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedService:
+    """Where an embedded policy service listens, and its credentials.
+
+    Attributes:
+        address: the decision endpoint (``unix:///tmp/execgate-…/policy.sock``).
+        token: the decision endpoint's bearer token. Keep it in memory: it exists nowhere else.
+        approvals_address: the approvals endpoint, or None when it was not asked for.
+        approvals_token_file: the 0600 file holding the approvals token (for ``execgate
+            approve --token-file``), or None.
+    """
+
+    address: str
+    token: str
+    approvals_address: str | None = None
+    approvals_token_file: str | None = None
 
 
 @contextlib.asynccontextmanager
@@ -158,29 +247,49 @@ async def serve_embedded(
     audit_log: str | os.PathLike[str] | None = None,
     approval_timeout_s: float = 60.0,
     approver_wait_s: float = 0.0,
-) -> AsyncIterator[str]:
-    """Run the policy service in this event loop on a private Unix socket.
+    approvals: bool = False,
+    no_approver_reason: str | None = None,
+) -> AsyncIterator[EmbeddedService]:
+    """Run the policy service in this event loop on private Unix sockets (see the module doc).
 
-    The socket lives in a fresh directory of mode 0700 (removed on exit), so only this user
-    reaches it. ``rules_paths`` layer on top of the rules shipped in the package unless
-    ``default_rules`` is False.
+    The sockets live in a fresh directory of mode 0700 under ``/tmp`` (removed on exit),
+    whatever ``TMPDIR`` says. ``rules_paths`` layer on top of the rules shipped in the package
+    unless ``default_rules`` is False.
+
+    Args:
+        approvals: also open the approvals endpoint (``approvals.sock``, its token in
+            ``approvals.token``, mode 0600, in the same directory).
+        no_approver_reason: deny every prompt with this reason (a session that could reach
+            any approver of this process, e.g. one without a sandbox).
 
     Yields:
-        The address to give :class:`~execgate.server.grpc_policy.GrpcPolicy` (``unix:///…``).
+        An :class:`EmbeddedService`: give ``address`` and ``token`` to
+        :class:`~execgate.server.grpc_policy.GrpcPolicy`.
 
     Raises:
-        RulesError: a rules file is bad.
+        RulesError: a rules file is bad. OSError: the directory or token file cannot be made.
     """
     rules = load_rules(rules_paths, default=default, defaults=default_rules)
-    directory = tempfile.mkdtemp(prefix="execgate-policy-")
+    directory = Path(tempfile.mkdtemp(prefix="execgate-", dir=EMBEDDED_PARENT))  # mode 0700 (mkdtemp)
+    token = new_token()
+    approvals_token = new_token() if approvals else None
+    token_file = None
     try:
+        if approvals_token is not None:
+            token_file = str(directory / "approvals.token")
+            write_private_file(token_file, approvals_token)
         async with running_service(
             rules,
-            address=f"unix://{Path(directory) / 'policy.sock'}",
+            address=f"unix://{directory / 'policy.sock'}",
+            token=token,
+            approvals_address=f"unix://{directory / 'approvals.sock'}" if approvals else None,
+            approvals_token=approvals_token,
+            serve_approvals=approvals,
             audit_log=audit_log,
             approval_timeout_s=approval_timeout_s,
             approver_wait_s=approver_wait_s,
+            no_approver_reason=no_approver_reason,
         ) as server:
-            yield server.addresses[0]
+            yield EmbeddedService(server.addresses[0], token, server.approvals_address, token_file)
     finally:
         shutil.rmtree(directory, ignore_errors=True)

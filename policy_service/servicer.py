@@ -69,7 +69,8 @@ class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
 
         try:
             decision, approver = await self.decisions.decide(
-                session, program, argv, workdir, budget_s=context.time_remaining(), on_prompt=on_prompt
+                session, program, argv, workdir, budget_s=context.time_remaining(), on_prompt=on_prompt,
+                env=dict(request.env),
             )
         except Exception as exc:  # a rules-engine bug must reach the client as INTERNAL, not UNKNOWN
             await _internal(context, "DetermineAction", exc)
@@ -106,6 +107,7 @@ def pending_to_pb(request: ApprovalRequest) -> apb.PendingApproval:
         reason=request.reason,
         execution=codec.execution_to_pb(request.execution),
         seconds_left=left,
+        env=dict(request.env),
     )
 
 

@@ -4,12 +4,19 @@ Addresses: ``unix:///abs/path`` (or ``unix:path``; the socket file gets mode 060
 ``host:port`` (port 0 picks a free one). TCP may use TLS, optionally requiring client
 certificates. A bearer token (gRPC metadata ``authorization: Bearer <token>``) may be required on
 any transport; health checks are exempt so that orchestrators can probe without the secret.
+
+Two credentials (docs/DESIGN.md §8): the *decision* token authorises ``EscalationPolicy`` (and
+reflection); an *approvals* token, when set, is the only credential that authorises
+``Approvals`` calls — the decision token never does, because whoever holds the decision token
+(the escalation server, and anything that can read its token file) must not be able to answer
+its own prompts.
 """
 
 from __future__ import annotations
 
 import hmac
 import os
+import secrets
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +25,8 @@ from typing import Any, Awaitable, Callable
 import grpc
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
+#: Method-name prefix of the Approvals service (its calls need the approvals credential).
+APPROVALS_PREFIX = "/execgate.v1.Approvals/"
 
 
 class AddressError(ValueError):
@@ -61,6 +70,23 @@ def read_token(path: str | None) -> str | None:
     if not token:
         raise ValueError(f"token file {path} is empty")
     return token
+
+
+def new_token() -> str:
+    """A fresh random bearer token: 32 bytes from the OS CSPRNG (``secrets``), URL-safe base64."""
+    return secrets.token_urlsafe(32)
+
+
+def write_private_file(path: str | os.PathLike[str], text: str) -> None:
+    """Create ``path`` with mode 0600 (``O_EXCL``: never reuse or follow an existing file) and
+    write ``text`` to it.
+
+    Raises:
+        OSError: the file exists or cannot be created.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text + "\n")
 
 
 def _read(path: str | None) -> bytes | None:
@@ -148,14 +174,20 @@ def _remove_stale_socket(path: str) -> None:
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
-    """Rejects calls without ``authorization: Bearer <token>`` with ``UNAUTHENTICATED``.
+    """Rejects calls without the right ``authorization: Bearer <token>`` with ``UNAUTHENTICATED``.
+
+    Health checks need no token. ``Approvals`` calls need ``approvals_token`` when it is set
+    (the decision token is then refused for them), else ``token``. Every other call needs
+    ``token`` when it is set. Tokens are compared in constant time (``hmac.compare_digest``).
 
     Args:
-        token: the expected token (compared in constant time).
+        token: the decision token, or None for none.
+        approvals_token: the approvals token, or None to let ``token`` cover Approvals too.
     """
 
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+    def __init__(self, token: str | None, *, approvals_token: str | None = None) -> None:
+        self._decision = f"Bearer {token}".encode() if token else None
+        self._approvals = f"Bearer {approvals_token}".encode() if approvals_token else self._decision
 
     async def intercept_service(
         self,
@@ -165,9 +197,12 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or details.method.startswith(HEALTH_PREFIX):
             return handler
+        expected = self._approvals if details.method.startswith(APPROVALS_PREFIX) else self._decision
+        if expected is None:
+            return handler
         given = dict(details.invocation_metadata or ()).get("authorization", "")
         given_bytes = given.encode() if isinstance(given, str) else bytes(given)
-        if hmac.compare_digest(given_bytes, self._expected):
+        if hmac.compare_digest(given_bytes, expected):
             return handler
         return _deny_handler(handler, "missing bearer token" if not given else "wrong bearer token")
 

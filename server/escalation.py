@@ -106,7 +106,9 @@ async def _send(conn: socket.socket, message: Any) -> None:
 
 async def _decide(policy: Policy, program: str, request: p.EscalateRequest, context: SessionContext) -> Decision:
     try:
-        decision = await policy.determine_action(program, list(request.argv), request.workdir, context)
+        # Opt-in (Policy doc): the environment lets a prompt show the approver what reaches the command.
+        env = {"env": dict(request.env)} if getattr(policy, "accepts_env", False) else {}
+        decision = await policy.determine_action(program, list(request.argv), request.workdir, context, **env)
     except Exception as exc:  # fail closed: any policy failure is a Deny naming the cause
         log.error("session %s: policy failed for %s: %r", context.session_id, program, exc)
         return Decision.deny(_failure_reason(exc), error=True)

@@ -159,16 +159,25 @@ class GrpcPolicy:
         if channel is not None:
             await channel.close()
 
+    #: The escalation server passes the caller's environment (shown to approvers of a prompt).
+    accepts_env = True
+
     async def determine_action(
-        self, program: str, argv: Sequence[str], workdir: str, session: SessionContext
+        self, program: str, argv: Sequence[str], workdir: str, session: SessionContext,
+        env: Mapping[str, str] | None = None,
     ) -> Decision:
         """Ask the service to decide one exec; never raises except on cancellation.
+
+        Args:
+            env: the caller's environment, or None; sent so that a prompt shows the approver
+                the variables that would reach the command.
 
         Returns:
             The service's decision, or ``Decision.deny(reason, error=True)`` on any failure.
         """
         request = pb.DetermineActionRequest(
-            session=codec.session_to_pb(session), target=codec.target_to_pb(program, argv, workdir)
+            session=codec.session_to_pb(session), target=codec.target_to_pb(program, argv, workdir),
+            env={codec.wire_text(k): codec.wire_text(v) for k, v in (env or {}).items()},
         )
         try:
             response = _expect(await self._determine(request), pb.DetermineActionResponse)

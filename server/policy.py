@@ -111,6 +111,10 @@ class Policy(Protocol):
     Implementations must not raise for ordinary denials; the server turns any exception into a
     fail-closed Deny whose reason names the cause (a :class:`PolicyError`'s message as is, any
     other exception's text after ``policy error:``).
+
+    A policy whose class sets ``accepts_env = True`` also gets the caller's environment in
+    ``determine_action(..., env=...)`` (so that a prompt can show the approver what will reach
+    the command); others are called without it.
     """
 
     async def determine_action(

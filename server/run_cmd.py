@@ -5,6 +5,16 @@ an ``EXEC_WRAPPER``-honouring shell); choose the sandbox (bubblewrap or none); r
 service — a running one (``--policy``) or an embedded one on a private Unix socket, through the
 same gRPC path; then :meth:`EscalateServer.exec` with the output streamed live (or captured and
 printed as JSON with ``--json``). ``execgate run`` exits with the script's status.
+
+Prompts and the embedded service (docs/DESIGN.md §8): the embedded decision endpoint needs a
+per-run token held only in this process's memory, and the process makes itself non-dumpable
+(``PR_SET_DUMPABLE`` 0, prctl(2)) so that a process of the same user without ``CAP_SYS_PTRACE``
+cannot read that memory through ``/proc/PID/mem``. The approvals endpoint is opened only with
+``--approver-wait``, which prints the ``execgate approve`` command (socket and 0600 token file in
+the service's private directory under ``/tmp``, which no bwrap sandbox sees). With no sandbox
+(``--sandbox none``, or ``auto`` without bubblewrap) the shell has the user's full power and could
+reach any approver of this process: the embedded service then denies every prompt, naming the
+fix, and ``--approver-wait`` is refused.
 """
 
 from __future__ import annotations
@@ -72,6 +82,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--label", metavar="KEY=VALUE", action="append", default=[],
                         help="session label sent to the policy with every request (repeatable)")
     parser.add_argument("--audit-log", metavar="FILE", help="audit log (JSON lines) of the embedded policy service")
+    parser.add_argument("--approver-wait", metavar="SECONDS", type=_seconds, default=None,
+                        help="open the embedded service's approvals endpoint (its `execgate approve` command is "
+                             "printed on stderr) and let each prompt wait SECONDS for an approver to connect; "
+                             "needs a sandbox")
+    parser.add_argument("--approval-timeout", metavar="SECONDS", type=_seconds, default=60.0,
+                        help="seconds a prompt of the embedded service waits for an answer (default 60)")
     parser.add_argument("--json", action="store_true", help="print the result (exit_code, stdout, stderr, output, duration, timed_out) as JSON instead of streaming")
     parser.add_argument("-q", "--quiet", action="store_true", help="do not print the chosen sandbox on stderr")
     parser.set_defaults(func=main)
@@ -211,24 +227,81 @@ def interception_env(kind: str, wrapper: Path, shell: str) -> tuple[list[str], o
     return [str(wrapper.parent), str(shim.parent)], extra_env
 
 
+#: Why the embedded service denies prompts when the shell is not sandboxed.
+NO_SANDBOX_PROMPTS = (
+    "prompt denied: without a sandbox (--sandbox none) the shell has your full power and could answer "
+    "its own prompt; use --sandbox bwrap, or --policy with a policy service whose approver the session "
+    "cannot reach"
+)
+
+
+@dataclass(frozen=True)
+class PolicyEndpoint:
+    """The decision endpoint ``execgate run`` talks to, and the token for it (None: none)."""
+
+    address: str
+    token: str | None
+
+
+def make_undumpable() -> None:
+    """``prctl(PR_SET_DUMPABLE, 0)``: same-user processes without CAP_SYS_PTRACE can no longer
+    ptrace this process or open its ``/proc/PID/mem``, ``environ`` or ``fd`` (proc(5),
+    ptrace(2) "Ptrace access mode checking"). Reset by execve(2) in children. Best effort: a
+    failure is logged, since the token is still in no file."""
+    import ctypes
+
+    pr_set_dumpable = 4  # <linux/prctl.h>
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
+        logging.getLogger(__name__).warning("prctl(PR_SET_DUMPABLE, 0) failed: errno %d", ctypes.get_errno())
+
+
 @contextlib.asynccontextmanager
-async def policy_address(args: argparse.Namespace) -> AsyncIterator[str]:
-    """The policy service's address: ``--policy``, or an embedded service for this run."""
+async def policy_address(args: argparse.Namespace, sandboxed: bool = True) -> AsyncIterator[PolicyEndpoint]:
+    """The policy service's endpoint: ``--policy``, or an embedded service for this run.
+
+    Args:
+        sandboxed: False when the shell runs without a sandbox: the embedded service then denies
+            every prompt (:data:`NO_SANDBOX_PROMPTS`).
+
+    Raises:
+        RunSetupError: an option that does not fit, or the embedded service cannot start.
+    """
     if args.policy:
-        if args.audit_log:
-            raise RunSetupError("--audit-log is for the embedded policy service; a running one (--policy) writes its own")
-        yield args.policy
+        if args.audit_log or args.approver_wait is not None:
+            raise RunSetupError("--audit-log and --approver-wait are for the embedded policy service; "
+                                "a running one (--policy) has its own")
+        if not sandboxed and not args.quiet:
+            print("execgate: no sandbox: the shell can do anything your account can; prompts are safe only if "
+                  "the policy service's approver and its credential are out of your account's reach",
+                  file=sys.stderr, flush=True)
+        yield PolicyEndpoint(args.policy, None)
         return
+    if args.approver_wait is not None and not sandboxed:
+        raise RunSetupError("--approver-wait: without a sandbox the shell could reach the approver and answer "
+                            "its own prompts; use --sandbox bwrap, or --policy with a remote policy service")
     from execgate.policy_service.rules import RulesError
     from execgate.policy_service.server import serve_embedded
 
+    make_undumpable()
     try:
-        embedded = serve_embedded(args.rules, audit_log=args.audit_log, default_rules=not args.no_default_rules)
-        address = await embedded.__aenter__()
+        embedded = serve_embedded(
+            args.rules, audit_log=args.audit_log, default_rules=not args.no_default_rules,
+            approvals=args.approver_wait is not None,
+            approver_wait_s=args.approver_wait or 0.0, approval_timeout_s=args.approval_timeout,
+            no_approver_reason=None if sandboxed else NO_SANDBOX_PROMPTS,
+        )
+        service = await embedded.__aenter__()
     except (RulesError, OSError) as exc:
         raise RunSetupError(f"cannot start the embedded policy service: {exc}") from exc
     try:
-        yield address
+        if not sandboxed and not args.quiet:
+            print("execgate: no sandbox: prompt rules are denied (the shell could answer its own prompts)",
+                  file=sys.stderr, flush=True)
+        if service.approvals_address is not None:
+            print(f"execgate: approvals: execgate approve --policy {service.approvals_address} "
+                  f"--token-file {service.approvals_token_file}", file=sys.stderr, flush=True)
+        yield PolicyEndpoint(service.address, service.token)
     finally:
         await embedded.__aexit__(None, None, None)
 
@@ -331,8 +404,10 @@ async def _run_session(args: argparse.Namespace, plan: _Plan) -> int:
     from execgate.server.escalate_server import EscalateServer
     from execgate.server.grpc_policy import GrpcPolicy
 
-    async with policy_address(args) as address:
-        policy = GrpcPolicy(address, token=plan.token, tls=plan.tls)  # type: ignore[arg-type]
+    sandboxed = getattr(plan.sandbox, "mode", "none") != "none"
+    async with policy_address(args, sandboxed) as endpoint:
+        token = plan.token if args.policy else endpoint.token
+        policy = GrpcPolicy(endpoint.address, token=token, tls=plan.tls)  # type: ignore[arg-type]
         try:
             server = EscalateServer(plan.shell, str(plan.wrapper), policy, launcher=plan.sandbox,  # type: ignore[arg-type]
                                     extra_env=plan.extra_env)  # type: ignore[arg-type]

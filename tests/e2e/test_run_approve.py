@@ -8,7 +8,11 @@ import subprocess
 import time
 from pathlib import Path
 
+import grpc
 import pytest
+
+from execgate.v1 import approvals_pb2 as apb
+from execgate.v1.approvals_pb2_grpc import ApprovalsStub
 
 from run_support import CLI, audit_records, execgate, write_rules
 
@@ -87,9 +91,57 @@ def test_prompt_approved_escalates_and_denied_gives_the_approvers_reason(short_t
     assert done.returncode == 0
     assert outside.exists() and not Path(f"{outside}-2").exists()
     assert shown.count("rule:    ask-touch — touching files needs a person") == 2
+    assert shown.count("   env:     ") == 2 and "PATH=/usr/local/sbin:" in shown  # what reaches the command
     assert shown.count("   sent\n") == 2
     touches = [r for r in audit_records(log) if r["argv"][0] == "touch"]
     assert [(r["decision"], r["rule_id"], r["approver"]) for r in touches] == [
         ("escalate", "ask-touch", "e2e-person"), ("deny", "ask-touch", "e2e-person"),
     ]
     assert touches[1]["reason"] == "not on a friday"
+
+
+def test_embedded_service_approver_endpoint(short_tmp: Path):
+    """``execgate run --approver-wait``: the approvals endpoint of the embedded service is printed
+    (socket and 0600 token file under /tmp); an ``execgate approve`` given them answers the prompt,
+    and without the token file it is refused."""
+    rules = write_rules(short_tmp / "rules.toml", RULES)
+    work = short_tmp / "work"
+    work.mkdir()
+    outside = short_tmp / "outside"
+    run = subprocess.Popen(
+        [*CLI, "run", "--sandbox", "bwrap", "--rules", str(rules), "--approver-wait", "30", "--cwd", str(work),
+         "-q", "--", f'touch {outside}; echo "status=$?"'],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    approver = None
+    try:
+        assert run.stderr is not None
+        line = run.stderr.readline()
+        prefix = "execgate: approvals: execgate approve "
+        assert line.startswith(prefix), line
+        words = line[len(prefix):].split()
+        assert words[0] == "--policy" and words[2] == "--token-file"
+        address, token_file = words[1], Path(words[3])
+        assert address.startswith("unix:///tmp/execgate-") and token_file.parent == Path(address[7:]).parent
+        assert oct(token_file.stat().st_mode & 0o777) == "0o600"
+        with grpc.insecure_channel(address) as channel:
+            with pytest.raises(grpc.RpcError) as refused:
+                ApprovalsStub(channel).ListPending(apb.ListPendingRequest(), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        approver = subprocess.Popen(
+            [*CLI, "approve", "--policy", address, "--token-file", str(token_file), "--name", "e2e-person"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        assert approver.stdin is not None
+        approver.stdin.write("y\n")
+        approver.stdin.flush()
+        out, err = run.communicate(timeout=60)
+        shown, _ = approver.communicate(timeout=30)
+    finally:
+        for proc in (approver, run):
+            if proc is not None:
+                _stop(proc)
+    assert out == "status=0\n", err
+    assert outside.exists()
+    assert "rule:    ask-touch — touching files needs a person" in shown
+    assert not token_file.exists()  # the private directory is gone with the run

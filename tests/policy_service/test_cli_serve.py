@@ -95,12 +95,32 @@ async def test_serve_bad_rules_exits_2(short_tmp: Path) -> None:
 
 
 async def test_serve_embedded(rules_file: Path) -> None:
-    async with serve_embedded([rules_file]) as address:
-        path = Path(address[len("unix://"):])
+    async with serve_embedded([rules_file]) as embedded:
+        path = Path(embedded.address[len("unix://"):])
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-        policy = GrpcPolicy(address)
+        assert path.parent.parent == Path("/tmp")
+        assert embedded.approvals_address is None and embedded.approvals_token_file is None
+        assert os.listdir(path.parent) == ["policy.sock"]  # no token file: the token is in memory only
+        policy = GrpcPolicy(embedded.address, token=embedded.token)
         decision = await policy.determine_action("/usr/bin/rm", ["rm", "x"], "/tmp", SESSION)
         await policy.aclose()
+        tokenless = GrpcPolicy(embedded.address, timeout_s=5)
+        refused = await tokenless.determine_action("/usr/bin/rm", ["rm", "x"], "/tmp", SESSION)
+        await tokenless.aclose()
     assert decision.action == "deny" and decision.reason == "no deleting"
+    assert refused.action == "deny" and "UNAUTHENTICATED" in (refused.reason or "")
     assert not path.parent.exists()
+
+
+async def test_serve_embedded_ignores_tmpdir(rules_file: Path, short_tmp: Path, monkeypatch) -> None:
+    """A TMPDIR the session can see must not receive the sockets: they go under /tmp."""
+    monkeypatch.setenv("TMPDIR", str(short_tmp))
+    async with serve_embedded([rules_file], approvals=True) as embedded:
+        directory = Path(embedded.address[len("unix://"):]).parent
+        token_file = Path(embedded.approvals_token_file or "")
+        assert directory.parent == Path("/tmp") and token_file.parent == directory
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        assert embedded.approvals_address == f"unix://{directory / 'approvals.sock'}"
+        assert token_file.read_text().strip() != embedded.token
+    assert not any(p.name.startswith("execgate-") for p in short_tmp.iterdir())

@@ -13,6 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from execgate.policy_service.envclean import SAFE_PATH
 from execgate.v1 import policy_pb2 as pb
 from execgate.v1 import policy_pb2_grpc
 
@@ -117,6 +118,18 @@ INJECTED = {
     "GIT_SSH_COMMAND": "touch /tmp/pwned",
     "HOME": "/home/agent",
     "EXECGATE_KEEP_ME": "yes",
+    # Not in any denylist, yet each runs the caller's code in an escalated command (issue #9).
+    "APT_CONFIG": "/x/apt.conf",
+    "XDG_CONFIG_HOME": "/x/config",
+    "GIT_DIR": "/x/repo",
+    "PATH": "/x/bin:/usr/bin",
+    "TMPDIR": "/x/tmp",
+    # Plain terminal and locale settings pass; ones naming a file do not.
+    "TERM": "xterm-256color",
+    "LANG": "C.UTF-8",
+    "TZ": "Europe/Paris",
+    "LC_ALL": "/x/locale",
+    "LC_TIME": "../x",
 }
 
 
@@ -135,10 +148,13 @@ async def test_prepared_env_is_cleaned(service) -> None:
     blocked = {"LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "BASH_ENV", "ENV", "CODEX_ESCALATE_SOCKET",
                "EXEC_WRAPPER", "EXECGATE_SOCKET_DIR", "EXECGATE_KEEP_ME", "BASH_FUNC_ls%%",
                "GIT_CONFIG_PARAMETERS", "GIT_CONFIG_COUNT", "GIT_CONFIG_KEY_0", "GIT_CONFIG_VALUE_0", "GIT_SSH_COMMAND"}
-    assert dict(plain.env) == {"HOME": "/home/agent"}
+    # An allowlist: plain terminal/locale variables pass, PATH is the fixed safe default, the rest
+    # (HOME, APT_CONFIG, XDG_CONFIG_HOME, GIT_DIR, TMPDIR, locale paths, …) is dropped.
+    base = {"TERM": "xterm-256color", "LANG": "C.UTF-8", "TZ": "Europe/Paris", "PATH": SAFE_PATH}
+    assert dict(plain.env) == base
     assert not blocked & set(plain.env)
     # The env-escalate rule's allow_env lets LD_LIBRARY_PATH and EXECGATE_KEEP_* through, nothing else.
-    assert dict(allowed.env) == {"HOME": "/home/agent", "LD_LIBRARY_PATH": "/x", "EXECGATE_KEEP_ME": "yes"}
+    assert dict(allowed.env) == {**base, "LD_LIBRARY_PATH": "/x", "EXECGATE_KEEP_ME": "yes"}
     assert list(plain.command) == ["/usr/bin/echo", "x"] and plain.arg0 == "echo" and plain.cwd == "/tmp"
 
 

@@ -14,6 +14,7 @@ from typing import AsyncIterator, Sequence
 import grpc
 import pytest
 
+from execgate.policy_service.envclean import SAFE_PATH
 from execgate.policy_service.server import running_service
 from execgate.server.grpc_policy import GrpcPolicy, PolicyError
 from execgate.server.policy import Execution, Permissions, Policy, SessionContext
@@ -106,7 +107,7 @@ async def test_round_trip_through_real_service(short_tmp: Path) -> None:
         esc = await policy.determine_action("/usr/bin/env", ["env"], "/tmp", SESSION)
         deny = await policy.determine_action("/usr/bin/rm", ["rm", "-rf", "/"], "/tmp", SESSION)
         prepared = await policy.prepare_escalated_exec(
-            "/usr/bin/env", ["env", "-0"], "/tmp", {"HOME": "/h", "LD_PRELOAD": "x"}, Execution(), SESSION
+            "/usr/bin/env", ["env", "-0"], "/tmp", {"HOME": "/h", "LD_PRELOAD": "x", "LANG": "C.UTF-8"}, Execution(), SESSION
         )
         sandboxed = await policy.prepare_escalated_exec(
             "/usr/bin/env", ["env"], "/tmp", {}, Execution("session_default"), SESSION
@@ -116,7 +117,8 @@ async def test_round_trip_through_real_service(short_tmp: Path) -> None:
     assert esc.action == "escalate" and esc.execution == Execution()
     assert deny.action == "deny" and deny.reason == "fixed" and not deny.error
     assert list(prepared.command) == ["/usr/bin/env", "-0"] and prepared.arg0 == "env"
-    assert dict(prepared.env) == {"HOME": "/h"} and prepared.cwd == "/tmp"
+    # The escalated environment is an allowlist (HOME dropped, PATH the safe default).
+    assert dict(prepared.env) == {"LANG": "C.UTF-8", "PATH": SAFE_PATH} and prepared.cwd == "/tmp"
     assert sandboxed.command[0] == "bwrap" and "/tmp" in sandboxed.command
     assert policy.stats == {"run": 1, "escalate": 1, "deny": 1}
 

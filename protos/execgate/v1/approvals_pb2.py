@@ -25,27 +25,31 @@ _sym_db = _symbol_database.Default()
 from execgate.v1 import policy_pb2 as execgate_dot_v1_dot_policy__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65xecgate/v1/approvals.proto\x12\x0b\x65xecgate.v1\x1a\x18\x65xecgate/v1/policy.proto\"\xde\x01\n\x0fPendingApproval\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12,\n\x07session\x18\x02 \x01(\x0b\x32\x1b.execgate.v1.SessionContext\x12\'\n\x06target\x18\x03 \x01(\x0b\x32\x17.execgate.v1.ExecTarget\x12\x0f\n\x07rule_id\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12)\n\texecution\x18\x06 \x01(\x0b\x32\x16.execgate.v1.Execution\x12\x14\n\x0cseconds_left\x18\x07 \x01(\x01\"\'\n\x13WatchPendingRequest\x12\x10\n\x08\x61pprover\x18\x01 \x01(\t\"u\n\x16ResolveApprovalRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12%\n\x07verdict\x18\x02 \x01(\x0e\x32\x14.execgate.v1.Verdict\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x10\n\x08\x61pprover\x18\x04 \x01(\t\"\x19\n\x17ResolveApprovalResponse\"\x14\n\x12ListPendingRequest\"D\n\x13ListPendingResponse\x12-\n\x07pending\x18\x01 \x03(\x0b\x32\x1c.execgate.v1.PendingApproval*o\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x18\n\x14VERDICT_APPROVE_ONCE\x10\x01\x12\x1f\n\x1bVERDICT_APPROVE_FOR_SESSION\x10\x02\x12\x10\n\x0cVERDICT_DENY\x10\x03\x32\x8d\x02\n\tApprovals\x12P\n\x0cWatchPending\x12 .execgate.v1.WatchPendingRequest\x1a\x1c.execgate.v1.PendingApproval0\x01\x12\\\n\x0fResolveApproval\x12#.execgate.v1.ResolveApprovalRequest\x1a$.execgate.v1.ResolveApprovalResponse\x12P\n\x0bListPending\x12\x1f.execgate.v1.ListPendingRequest\x1a .execgate.v1.ListPendingResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65xecgate/v1/approvals.proto\x12\x0b\x65xecgate.v1\x1a\x18\x65xecgate/v1/policy.proto\"\xbe\x02\n\x0fPendingApproval\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12,\n\x07session\x18\x02 \x01(\x0b\x32\x1b.execgate.v1.SessionContext\x12\'\n\x06target\x18\x03 \x01(\x0b\x32\x17.execgate.v1.ExecTarget\x12\x0f\n\x07rule_id\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12)\n\texecution\x18\x06 \x01(\x0b\x32\x16.execgate.v1.Execution\x12\x14\n\x0cseconds_left\x18\x07 \x01(\x01\x12\x32\n\x03\x65nv\x18\x08 \x03(\x0b\x32%.execgate.v1.PendingApproval.EnvEntry\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\'\n\x13WatchPendingRequest\x12\x10\n\x08\x61pprover\x18\x01 \x01(\t\"u\n\x16ResolveApprovalRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12%\n\x07verdict\x18\x02 \x01(\x0e\x32\x14.execgate.v1.Verdict\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x10\n\x08\x61pprover\x18\x04 \x01(\t\"\x19\n\x17ResolveApprovalResponse\"\x14\n\x12ListPendingRequest\"D\n\x13ListPendingResponse\x12-\n\x07pending\x18\x01 \x03(\x0b\x32\x1c.execgate.v1.PendingApproval*o\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x18\n\x14VERDICT_APPROVE_ONCE\x10\x01\x12\x1f\n\x1bVERDICT_APPROVE_FOR_SESSION\x10\x02\x12\x10\n\x0cVERDICT_DENY\x10\x03\x32\x8d\x02\n\tApprovals\x12P\n\x0cWatchPending\x12 .execgate.v1.WatchPendingRequest\x1a\x1c.execgate.v1.PendingApproval0\x01\x12\\\n\x0fResolveApproval\x12#.execgate.v1.ResolveApprovalRequest\x1a$.execgate.v1.ResolveApprovalResponse\x12P\n\x0bListPending\x12\x1f.execgate.v1.ListPendingRequest\x1a .execgate.v1.ListPendingResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'execgate.v1.approvals_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_VERDICT']._serialized_start=574
-  _globals['_VERDICT']._serialized_end=685
+  _globals['_PENDINGAPPROVAL_ENVENTRY']._loaded_options = None
+  _globals['_PENDINGAPPROVAL_ENVENTRY']._serialized_options = b'8\001'
+  _globals['_VERDICT']._serialized_start=670
+  _globals['_VERDICT']._serialized_end=781
   _globals['_PENDINGAPPROVAL']._serialized_start=71
-  _globals['_PENDINGAPPROVAL']._serialized_end=293
-  _globals['_WATCHPENDINGREQUEST']._serialized_start=295
-  _globals['_WATCHPENDINGREQUEST']._serialized_end=334
-  _globals['_RESOLVEAPPROVALREQUEST']._serialized_start=336
-  _globals['_RESOLVEAPPROVALREQUEST']._serialized_end=453
-  _globals['_RESOLVEAPPROVALRESPONSE']._serialized_start=455
-  _globals['_RESOLVEAPPROVALRESPONSE']._serialized_end=480
-  _globals['_LISTPENDINGREQUEST']._serialized_start=482
-  _globals['_LISTPENDINGREQUEST']._serialized_end=502
-  _globals['_LISTPENDINGRESPONSE']._serialized_start=504
-  _globals['_LISTPENDINGRESPONSE']._serialized_end=572
-  _globals['_APPROVALS']._serialized_start=688
-  _globals['_APPROVALS']._serialized_end=957
+  _globals['_PENDINGAPPROVAL']._serialized_end=389
+  _globals['_PENDINGAPPROVAL_ENVENTRY']._serialized_start=347
+  _globals['_PENDINGAPPROVAL_ENVENTRY']._serialized_end=389
+  _globals['_WATCHPENDINGREQUEST']._serialized_start=391
+  _globals['_WATCHPENDINGREQUEST']._serialized_end=430
+  _globals['_RESOLVEAPPROVALREQUEST']._serialized_start=432
+  _globals['_RESOLVEAPPROVALREQUEST']._serialized_end=549
+  _globals['_RESOLVEAPPROVALRESPONSE']._serialized_start=551
+  _globals['_RESOLVEAPPROVALRESPONSE']._serialized_end=576
+  _globals['_LISTPENDINGREQUEST']._serialized_start=578
+  _globals['_LISTPENDINGREQUEST']._serialized_end=598
+  _globals['_LISTPENDINGRESPONSE']._serialized_start=600
+  _globals['_LISTPENDINGRESPONSE']._serialized_end=668
+  _globals['_APPROVALS']._serialized_start=784
+  _globals['_APPROVALS']._serialized_end=1053
 # @@protoc_insertion_point(module_scope)

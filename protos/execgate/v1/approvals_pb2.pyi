@@ -20,7 +20,14 @@ VERDICT_APPROVE_FOR_SESSION: Verdict
 VERDICT_DENY: Verdict
 
 class PendingApproval(_message.Message):
-    __slots__ = ("request_id", "session", "target", "rule_id", "reason", "execution", "seconds_left")
+    __slots__ = ("request_id", "session", "target", "rule_id", "reason", "execution", "seconds_left", "env")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +35,7 @@ class PendingApproval(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     EXECUTION_FIELD_NUMBER: _ClassVar[int]
     SECONDS_LEFT_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     session: _policy_pb2.SessionContext
     target: _policy_pb2.ExecTarget
@@ -35,7 +43,8 @@ class PendingApproval(_message.Message):
     reason: str
     execution: _policy_pb2.Execution
     seconds_left: float
-    def __init__(self, request_id: _Optional[str] = ..., session: _Optional[_Union[_policy_pb2.SessionContext, _Mapping]] = ..., target: _Optional[_Union[_policy_pb2.ExecTarget, _Mapping]] = ..., rule_id: _Optional[str] = ..., reason: _Optional[str] = ..., execution: _Optional[_Union[_policy_pb2.Execution, _Mapping]] = ..., seconds_left: _Optional[float] = ...) -> None: ...
+    env: _containers.ScalarMap[str, str]
+    def __init__(self, request_id: _Optional[str] = ..., session: _Optional[_Union[_policy_pb2.SessionContext, _Mapping]] = ..., target: _Optional[_Union[_policy_pb2.ExecTarget, _Mapping]] = ..., rule_id: _Optional[str] = ..., reason: _Optional[str] = ..., execution: _Optional[_Union[_policy_pb2.Execution, _Mapping]] = ..., seconds_left: _Optional[float] = ..., env: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class WatchPendingRequest(_message.Message):
     __slots__ = ("approver",)

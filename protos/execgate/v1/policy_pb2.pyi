@@ -96,12 +96,21 @@ class Decision(_message.Message):
     def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ..., escalate: _Optional[_Union[Escalate, _Mapping]] = ..., deny: _Optional[_Union[Deny, _Mapping]] = ..., rule_id: _Optional[str] = ..., decision_id: _Optional[str] = ..., reason: _Optional[str] = ..., approver: _Optional[str] = ...) -> None: ...
 
 class DetermineActionRequest(_message.Message):
-    __slots__ = ("session", "target")
+    __slots__ = ("session", "target", "env")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     SESSION_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
     session: SessionContext
     target: ExecTarget
-    def __init__(self, session: _Optional[_Union[SessionContext, _Mapping]] = ..., target: _Optional[_Union[ExecTarget, _Mapping]] = ...) -> None: ...
+    env: _containers.ScalarMap[str, str]
+    def __init__(self, session: _Optional[_Union[SessionContext, _Mapping]] = ..., target: _Optional[_Union[ExecTarget, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class DetermineActionResponse(_message.Message):
     __slots__ = ("decision",)
