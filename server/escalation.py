@@ -3,7 +3,9 @@ Escalate spawn the prepared command on the caller's fds and report its exit stat
 
 The connection is the ``SOCK_STREAM`` end received in a handshake (or accepted on the session's
 fallback socket path; both are handled identically). Every failure here — bad frame, timeout,
-broken peer — is logged and closes this connection only; the session keeps serving.
+broken peer — is logged and closes this connection only; the session keeps serving. A request
+past an input bound (:mod:`execgate.server.protocol`, ``MAX_*``) is answered with a Deny naming
+the bound before the policy is asked.
 """
 
 from __future__ import annotations

@@ -11,6 +11,10 @@ A session owns:
   children, which would otherwise leave the grandchildren unable to reach the server. Each accepted
   connection whose peer uid (``SO_PEERCRED``, unix(7)) is the server's uid or root is served exactly
   like a stream end received in a handshake.
+* its concurrency (:class:`~execgate.server.escalation.Limits`): at most ``max_concurrent``
+  decisions at once; further connections wait for a slot in arrival order (never refused for
+  this); an escalated command gives its slot back once started. Only past ``max_connections``
+  connections held at once (waiting, deciding or supervising) is an exec denied, saying so.
 * every escalated process group it started: closing the session (``async with`` exit,
   :meth:`Session.close`, or cancellation of the owner) SIGTERMs them, SIGKILLs them after the grace
   period and reaps the leaders.
