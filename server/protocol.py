@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 #: Decimal fd number of the client end of the per-session SOCK_DGRAM socketpair (Codex name).
 ESCALATE_SOCKET_ENV_VAR = "CODEX_ESCALATE_SOCKET"
@@ -91,7 +91,7 @@ MAX_CONCURRENT_REQUESTS_PER_SESSION = 64
 MAX_CONNECTIONS_PER_SESSION = 4096
 
 # Input bounds (docs/DESIGN.md §2 "Input bounds"): checked before any work is done on a request,
-# by the escalation server (:func:`request_bounds_violation`, a Deny naming the bound) and by the
+# by the escalation server (:func:`exec_bounds_violation`, a Deny naming the bound) and by the
 # policy service (its EscalationPolicy servicer answers INVALID_ARGUMENT). Sizes are bytes: of
 # the bytes a wire string stands for (:func:`wire_bytes`) here, of UTF-8 text in gRPC messages.
 #: PATH_MAX (linux/limits.h): the kernel refuses longer paths with ENAMETOOLONG (path_resolution(7)).
@@ -146,7 +146,7 @@ def _over(text: str, limit: int) -> int | None:
     return size if size > limit else None
 
 
-def path_bounds_violation(paths: dict[str, str], *, scale: int = 1) -> str | None:
+def path_bounds_violation(paths: Mapping[str, str], *, scale: int = 1) -> str | None:
     """The first of ``paths`` (what → path) longer than :data:`MAX_PATH_BYTES` × ``scale``, as a
     message naming it; None if all are within."""
     for what, path in paths.items():
@@ -156,7 +156,9 @@ def path_bounds_violation(paths: dict[str, str], *, scale: int = 1) -> str | Non
     return None
 
 
-def strings_bounds_violation(what: str, items: Any, max_items: int, max_bytes: int) -> str | None:
+def strings_bounds_violation(
+    what: str, items: Sequence[str] | Mapping[str, str], max_items: int, max_bytes: int
+) -> str | None:
     """Message if the strings ``items`` (a list, or a dict whose keys and values count) number more
     than ``max_items`` or total more than ``max_bytes``; None if within. Stops at the first excess."""
     if len(items) > max_items:
@@ -171,7 +173,7 @@ def strings_bounds_violation(what: str, items: Any, max_items: int, max_bytes: i
 
 
 def exec_bounds_violation(
-    paths: dict[str, str], argv: Any, env: Any = None, *, scale: int = 1
+    paths: Mapping[str, str], argv: Sequence[str], env: Mapping[str, str] | None = None, *, scale: int = 1
 ) -> str | None:
     """The first input bound an exec breaks, as a message; None if within all of them.
 
@@ -188,7 +190,7 @@ def exec_bounds_violation(
 
 
 def session_bounds_violation(
-    session_id: str, labels: Any, roots: Any = (), *, scale: int = 1
+    session_id: str, labels: Mapping[str, str], roots: Sequence[str] = (), *, scale: int = 1
 ) -> str | None:
     """The first input bound a session context breaks (id, labels dict, sandbox roots list), as a
     message; None if within all of them."""

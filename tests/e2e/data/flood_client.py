@@ -62,7 +62,7 @@ def one(ctrl: socket.socket, payload: bytes, sent: threading.Event | None = None
                 sent.set()
             head = _read_exact(mine, 4)
             body = None if head is None else _read_exact(mine, struct.unpack("<I", head)[0])
-        except socket.timeout:
+        except TimeoutError:
             return "timeout"
         except OSError:
             return "closed"
