@@ -52,10 +52,14 @@ def anyio_backend():
     return ("asyncio", {"use_uvloop": True})  # the production loop
 
 
-async def _wait_for(predicate, what: str, limit_s: float = 120.0) -> None:
-    async with asyncio.timeout(limit_s):
-        while not predicate():
-            await asyncio.sleep(0.05)
+async def _wait_for(predicate, what: str, limit_s: float = 60.0) -> None:
+    """Poll ``predicate`` until true; AssertionError naming ``what`` after ``limit_s`` seconds."""
+    try:
+        async with asyncio.timeout(limit_s):
+            while not predicate():
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"{what}: not seen within {limit_s} s") from None
 
 
 @contextlib.asynccontextmanager
