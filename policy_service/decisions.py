@@ -10,6 +10,7 @@ program, or a bubblewrap command line from the granted profile
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -104,7 +105,9 @@ class DecisionService:
             approver who resolved a prompt ("" if none; for a grant, who granted it).
         """
         started = time.monotonic()
-        evaluation = self.rules.current.evaluate(program, argv)
+        # A worker thread: evaluation may stat and realpath the program's path (trust checks),
+        # which must not hold up the event loop serving every other session.
+        evaluation = await asyncio.to_thread(self.rules.current.evaluate, program, argv)
         rule_id = getattr(evaluation.rule, "id", "") or ""
         reason = evaluation.reason or ""
         execution = evaluation.execution or Execution()

@@ -3,19 +3,23 @@
 Thin typed layers over :class:`~execgate.policy_service.decisions.DecisionService` and
 :class:`~execgate.policy_service.approvals.ApprovalBroker`: they decode and check requests
 (bad input → ``INVALID_ARGUMENT``, never ``UNKNOWN``), call the logic, encode the answer.
+Input bounds (path ≤ PATH_MAX, argv, env, labels, session id: the ``MAX_*`` constants of
+:mod:`execgate.server.protocol`) are checked first, so that one oversized request cannot occupy
+the service (:func:`check_bounds`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator, NoReturn
+from typing import AsyncIterator, Mapping, NoReturn
 
 import grpc
 
 from execgate.policy_service.approvals import ApprovalBroker, ApprovalRequest, UnknownRequest
 from execgate.policy_service.decisions import DecisionService
 from execgate.server import policy_codec as codec
+from execgate.server import protocol as p
 from execgate.v1 import approvals_pb2 as apb
 from execgate.v1 import approvals_pb2_grpc
 from execgate.v1 import policy_pb2 as pb
@@ -45,6 +49,25 @@ async def _internal(context: grpc.aio.ServicerContext, what: str, exc: Exception
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def check_bounds(session: pb.SessionContext, target: pb.ExecTarget, env: Mapping[str, str] | None = None) -> None:
+    """Check a request's input bounds (the ``MAX_*`` of :mod:`execgate.server.protocol`, shared
+    with the escalation server) before any work is done on it. Byte bounds are multiplied by
+    ``GRPC_TEXT_EXPANSION``: gRPC text carries each non-UTF-8 byte as the 4 characters ``\\xNN``.
+
+    Raises:
+        codec.CodecError: a bound is exceeded; the message names it.
+    """
+    scale = p.GRPC_TEXT_EXPANSION
+    box = session.sandbox
+    violation = p.session_bounds_violation(
+        session.session_id, session.labels, (*box.writable_roots, *box.readable_roots), scale=scale
+    ) or p.exec_bounds_violation(
+        {"target.program": target.program, "target.workdir": target.workdir}, target.argv, env, scale=scale
+    )
+    if violation is not None:
+        raise codec.CodecError(f"input bound exceeded: {violation}")
+
+
 class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
     """The ``EscalationPolicy`` service.
 
@@ -59,6 +82,7 @@ class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
         self, request: pb.DetermineActionRequest, context: grpc.aio.ServicerContext
     ) -> pb.DetermineActionResponse:
         try:
+            check_bounds(request.session, request.target)
             session = codec.session_from_pb(request.session)
             program, argv, workdir = codec.target_from_pb(request.target)
         except codec.CodecError as exc:
@@ -82,6 +106,7 @@ class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
         self, request: pb.PrepareEscalatedExecRequest, context: grpc.aio.ServicerContext
     ) -> pb.PrepareEscalatedExecResponse:
         try:
+            check_bounds(request.session, request.target, request.env)
             session = codec.session_from_pb(request.session)
             program, argv, workdir = codec.target_from_pb(request.target)
             if not request.HasField("execution"):
@@ -90,7 +115,10 @@ class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
         except codec.CodecError as exc:
             await _invalid(context, exc)
         try:
-            prepared = self.decisions.prepare(session, program, argv, workdir, dict(request.env), execution)
+            # In a worker thread: prepare evaluates the rules, which may stat the program's path.
+            prepared = await asyncio.to_thread(
+                self.decisions.prepare, session, program, argv, workdir, dict(request.env), execution
+            )
         except Exception as exc:
             await _internal(context, "PrepareEscalatedExec", exc)
         return pb.PrepareEscalatedExecResponse(prepared=codec.prepared_to_pb(prepared))

@@ -3,7 +3,9 @@ Escalate spawn the prepared command on the caller's fds and report its exit stat
 
 The connection is the ``SOCK_STREAM`` end received in a handshake (or accepted on the session's
 fallback socket path; both are handled identically). Every failure here — bad frame, timeout,
-broken peer — is logged and closes this connection only; the session keeps serving.
+broken peer — is logged and closes this connection only; the session keeps serving. A request
+past an input bound (:mod:`execgate.server.protocol`, ``MAX_*``) is answered with a Deny naming
+the bound before the policy is asked.
 """
 
 from __future__ import annotations
@@ -36,8 +38,14 @@ class Limits:
         max_fds: most fds accepted on one message.
         request_timeout_s: deadline for the request frame after the handshake (and for the
             SuperExec frame after an Escalate answer), seconds.
-        max_concurrent: most connections a session serves at once; further ones get a Deny.
+        max_concurrent: most decisions a session works on at once (reading the request, asking
+            the policy, preparing and starting an escalated command). Further connections wait
+            for a slot in arrival order; they are never refused for this. An escalated command
+            gives its slot back once started: waiting on it costs no slot.
         kill_grace_s: seconds between SIGTERM and SIGKILL when killing a process group.
+        max_connections: hard cap on the connections a session holds at once — waiting for a
+            slot, deciding, or supervising a running escalated command; each holds one file
+            descriptor of the server. Past it an exec gets a Deny saying so.
     """
 
     max_frame_bytes: int = p.MAX_FRAME_BYTES
@@ -45,6 +53,7 @@ class Limits:
     request_timeout_s: float = p.REQUEST_READ_TIMEOUT_S
     max_concurrent: int = p.MAX_CONCURRENT_REQUESTS_PER_SESSION
     kill_grace_s: float = DEFAULT_KILL_GRACE_S
+    max_connections: int = p.MAX_CONNECTIONS_PER_SESSION
 
 
 def resolve_program(file: str, workdir: str) -> str:
@@ -52,10 +61,15 @@ def resolve_program(file: str, workdir: str) -> str:
 
     Raises:
         ProtocolError: ``workdir`` is not absolute.
+        BoundsError: the resolved path is longer than PATH_MAX (both parts were within it).
     """
     if not os.path.isabs(workdir):
         raise p.ProtocolError(f"request.workdir is not absolute: {workdir!r}")
-    return os.path.normpath(os.path.join(workdir, file))
+    program = os.path.normpath(os.path.join(workdir, file))
+    violation = p.path_bounds_violation({"program path (workdir joined with file)": program})
+    if violation is not None:
+        raise p.BoundsError(violation)
+    return program
 
 
 async def handle_connection(
@@ -86,6 +100,8 @@ async def handle_connection(
             await _escalate(conn, policy, program, request, decision, context, limits, on_spawn)
         else:
             await _send(conn, p.EscalateResponse("Deny", reason=decision.reason))
+    except p.BoundsError as exc:  # a ProtocolError, but one the caller should read
+        await _refuse(conn, exc, context)
     except TimeoutError:
         log.warning("session %s: peer too slow, connection closed", context.session_id)
     except PeerClosedError as exc:
@@ -102,6 +118,16 @@ async def handle_connection(
 
 async def _send(conn: socket.socket, message: Any) -> None:
     await send_frame(conn, message.to_json())
+
+
+async def _refuse(conn: socket.socket, exc: p.BoundsError, context: SessionContext) -> None:
+    """Deny a request that exceeds an input bound, naming the bound. INFO, not WARNING: the
+    caller's stderr gets the Deny already, and a flood must not also flood the terminal."""
+    log.info("session %s: request refused: %s", context.session_id, exc)
+    try:  # a Deny frame is small: the socket's send buffer takes it without waiting on the peer
+        await _send(conn, p.EscalateResponse("Deny", reason=f"request refused: {exc}"))
+    except (OSError, p.ProtocolError) as send_exc:  # PeerClosedError is a ProtocolError
+        log.info("session %s: could not send the refusal: %s", context.session_id, send_exc)
 
 
 async def _decide(policy: Policy, program: str, request: p.EscalateRequest, context: SessionContext) -> Decision:

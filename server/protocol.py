@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 #: Decimal fd number of the client end of the per-session SOCK_DGRAM socketpair (Codex name).
 ESCALATE_SOCKET_ENV_VAR = "CODEX_ESCALATE_SOCKET"
@@ -84,7 +84,34 @@ LENGTH_PREFIX_BYTES = 4
 MAX_FRAME_BYTES = 1 << 20
 MAX_FDS_PER_MESSAGE = 16
 REQUEST_READ_TIMEOUT_S = 10.0
+#: Decisions a session works on at once; further connections wait (queued, never refused)...
 MAX_CONCURRENT_REQUESTS_PER_SESSION = 64
+#: ... until a session holds this many connections (waiting, deciding or supervising an escalated
+#: command; one file descriptor each): past it an exec is denied, with a reason saying so.
+MAX_CONNECTIONS_PER_SESSION = 4096
+
+# Input bounds (docs/DESIGN.md §2 "Input bounds"): checked before any work is done on a request,
+# by the escalation server (:func:`exec_bounds_violation`, a Deny naming the bound) and by the
+# policy service (its EscalationPolicy servicer answers INVALID_ARGUMENT). Sizes are bytes: of
+# the bytes a wire string stands for (:func:`wire_bytes`) here, of UTF-8 text in gRPC messages.
+#: PATH_MAX (linux/limits.h): the kernel refuses longer paths with ENAMETOOLONG (path_resolution(7)).
+MAX_PATH_BYTES = 4096
+#: Most argv items, and their total size. A frame (1 MiB) bounds the total already; the service
+#: gets argv over gRPC, where only the 4 MiB message limit would.
+MAX_ARGV_ITEMS = 1 << 16
+MAX_ARGV_BYTES = MAX_FRAME_BYTES
+#: Most environment variables, and their total size (names and values).
+MAX_ENV_ITEMS = 1 << 14
+MAX_ENV_BYTES = MAX_FRAME_BYTES
+#: A session id, and a session's labels (count; bytes of each key plus value).
+MAX_SESSION_ID_BYTES = 256
+MAX_LABELS = 64
+MAX_LABEL_BYTES = 1024
+#: Most roots (writable plus readable) in a sandbox profile; each is a path (MAX_PATH_BYTES).
+MAX_SANDBOX_ROOTS = 256
+#: gRPC strings carry each non-UTF-8 byte as the 4 characters ``\xNN`` (``policy_codec.wire_text``),
+#: so the policy service allows byte sizes this many times the bounds above.
+GRPC_TEXT_EXPANSION = 4
 
 #: Exit status printed by wrappers for a Deny (docs/DESIGN.md §2 step 7).
 DENY_EXIT_CODE = 1
@@ -93,6 +120,90 @@ DENY_MESSAGE_PREFIX = "Execution denied"
 
 class ProtocolError(Exception):
     """Raised when a peer's frame or message breaks the escalation protocol."""
+
+
+class BoundsError(ProtocolError):
+    """Raised when a well-formed request exceeds an input bound (the message names it); the
+    server answers it with a Deny carrying that message rather than just closing the stream."""
+
+
+def _nbytes(text: str) -> int:
+    """Bytes ``text`` stands for: UTF-8, each lone surrogate U+DC80..U+DCFF one byte (module doc)."""
+    if text.isascii():
+        return len(text)
+    try:
+        return len(text.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:  # another lone surrogate: refused later; count it as UTF-8 would
+        return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _over(text: str, limit: int) -> int | None:
+    """Size of ``text`` in bytes if above ``limit``, else None. O(limit) for any longer text:
+    a character is at least one byte, so a long string is refused before it is encoded."""
+    if len(text) > limit:
+        return len(text)
+    size = _nbytes(text)
+    return size if size > limit else None
+
+
+def path_bounds_violation(paths: Mapping[str, str], *, scale: int = 1) -> str | None:
+    """The first of ``paths`` (what → path) longer than :data:`MAX_PATH_BYTES` × ``scale``, as a
+    message naming it; None if all are within."""
+    for what, path in paths.items():
+        size = _over(path, MAX_PATH_BYTES * scale)
+        if size is not None:
+            return f"{what} is at least {size} bytes, longer than PATH_MAX ({MAX_PATH_BYTES * scale} bytes)"
+    return None
+
+
+def strings_bounds_violation(
+    what: str, items: Sequence[str] | Mapping[str, str], max_items: int, max_bytes: int
+) -> str | None:
+    """Message if the strings ``items`` (a list, or a dict whose keys and values count) number more
+    than ``max_items`` or total more than ``max_bytes``; None if within. Stops at the first excess."""
+    if len(items) > max_items:
+        return f"{what} has {len(items)} items, more than the bound of {max_items}"
+    strings = (s for kv in items.items() for s in kv) if isinstance(items, Mapping) else iter(items)
+    total = 0
+    for text in strings:
+        total += _nbytes(text) if len(text) <= max_bytes else len(text)
+        if total > max_bytes:
+            return f"{what} totals more than the bound of {max_bytes} bytes"
+    return None
+
+
+def exec_bounds_violation(
+    paths: Mapping[str, str], argv: Sequence[str], env: Mapping[str, str] | None = None, *, scale: int = 1
+) -> str | None:
+    """The first input bound an exec breaks, as a message; None if within all of them.
+
+    Args:
+        paths: what → path (e.g. ``{"request.file": ..., "request.workdir": ...}``).
+        argv: list of strings. env: dict of strings, or None when there is none to check.
+        scale: multiplier of the byte bounds (:data:`GRPC_TEXT_EXPANSION` for gRPC text).
+    """
+    return (
+        path_bounds_violation(paths, scale=scale)
+        or strings_bounds_violation("argv", argv, MAX_ARGV_ITEMS, MAX_ARGV_BYTES * scale)
+        or (None if env is None else strings_bounds_violation("env", env, MAX_ENV_ITEMS, MAX_ENV_BYTES * scale))
+    )
+
+
+def session_bounds_violation(
+    session_id: str, labels: Mapping[str, str], roots: Sequence[str] = (), *, scale: int = 1
+) -> str | None:
+    """The first input bound a session context breaks (id, labels dict, sandbox roots list), as a
+    message; None if within all of them."""
+    if _over(session_id, MAX_SESSION_ID_BYTES * scale) is not None:
+        return f"session id is longer than {MAX_SESSION_ID_BYTES * scale} bytes"
+    if len(labels) > MAX_LABELS:
+        return f"session has {len(labels)} labels, more than the bound of {MAX_LABELS}"
+    for key, value in labels.items():
+        if len(key) + len(value) > MAX_LABEL_BYTES * scale or _nbytes(key) + _nbytes(value) > MAX_LABEL_BYTES * scale:
+            return f"label {key[:64]!r} is longer than {MAX_LABEL_BYTES * scale} bytes (key and value)"
+    if len(roots) > MAX_SANDBOX_ROOTS:
+        return f"sandbox has {len(roots)} roots, more than the bound of {MAX_SANDBOX_ROOTS}"
+    return path_bounds_violation({f"sandbox root {i}": r for i, r in enumerate(roots)}, scale=scale)
 
 
 def wire_str(raw: bytes) -> str:
@@ -155,7 +266,12 @@ class EscalateRequest:
 
     @classmethod
     def from_obj(cls, obj: Any) -> EscalateRequest:
-        """Build from decoded JSON; unknown fields are ignored. Raises ProtocolError on a wrong shape."""
+        """Build from decoded JSON; unknown fields are ignored.
+
+        Raises:
+            BoundsError: a path, argv or env exceeds its bound (``MAX_*`` above).
+            ProtocolError: a wrong shape.
+        """
         _expect(isinstance(obj, dict), "request is not a JSON object")
         file, argv, workdir, env = obj.get("file"), obj.get("argv"), obj.get("workdir"), obj.get("env")
         _expect(isinstance(file, str) and file != "", "request.file must be a non-empty string")
@@ -165,6 +281,11 @@ class EscalateRequest:
             isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()),
             "request.env must be an object of strings",
         )
+        # Before any work on the strings: a request of 500,000 path components once kept the
+        # policy service in realpath for minutes (issue #9).
+        violation = exec_bounds_violation({"request.file": file, "request.workdir": workdir}, argv, env)
+        if violation is not None:
+            raise BoundsError(violation)
         return cls(
             file=_canonical(file),
             argv=[_canonical(a) for a in argv],

@@ -11,6 +11,10 @@ A session owns:
   children, which would otherwise leave the grandchildren unable to reach the server. Each accepted
   connection whose peer uid (``SO_PEERCRED``, unix(7)) is the server's uid or root is served exactly
   like a stream end received in a handshake.
+* its concurrency (:class:`~execgate.server.escalation.Limits`): at most ``max_concurrent``
+  decisions at once; further connections wait for a slot in arrival order (never refused for
+  this); an escalated command gives its slot back once started. Only past ``max_connections``
+  connections held at once (waiting, deciding or supervising) is an exec denied, saying so.
 * every escalated process group it started: closing the session (``async with`` exit,
   :meth:`Session.close`, or cancellation of the owner) SIGTERMs them, SIGKILLs them after the grace
   period and reaps the leaders.
@@ -76,10 +80,12 @@ class Session:
         self.context = SessionContext(
             session_id=session_id or uuid.uuid4().hex, labels=dict(labels or {}), sandbox=sandbox
         )
+        _check_bounds(self.context)
         self._children: set[ChildProcess] = set()
         self._tasks: set[asyncio.Task[None]] = set()  # listeners and bookkeeping
         self._conns: set[asyncio.Task[None]] = set()  # one per connection being served
         self._supervising: set[asyncio.Task[None]] = set()  # the subset with an escalated child
+        self._slots = asyncio.Semaphore(self.limits.max_concurrent)  # decisions in progress
         self._closed = False
         self._loop = loop
         self._dir = tempfile.mkdtemp(prefix="execgate-", dir=socket_dir)  # mode 0700 (mkdtemp(3))
@@ -202,19 +208,45 @@ class Session:
         if self._closed:
             conn.close()
             return
-        if len(self._conns) >= self.limits.max_concurrent:
-            log.warning("session %s: %d requests in flight, refusing one", self.session_id, len(self._conns))
-            reason = f"too many concurrent requests in this session (limit {self.limits.max_concurrent})"
+        if len(self._conns) >= self.limits.max_connections:
+            log.warning("session %s: %d execs in flight, refusing one", self.session_id, len(self._conns))
+            reason = (f"too many execs in flight in this session: {len(self._conns)} waiting, deciding or "
+                      f"running escalated (hard cap {self.limits.max_connections})")
             try:
                 conn.send(encode_frame(p.EscalateResponse("Deny", reason=reason).to_json()), socket.MSG_NOSIGNAL)
             except OSError:
                 pass
             conn.close()
             return
-        coro = handle_connection(
-            conn, policy=self.policy, context=self.context, limits=self.limits, on_spawn=self._track
-        )
-        self._spawn_task(coro, self._conns)
+        self._spawn_task(self._serve_in_turn(conn), self._conns)
+
+    async def _serve_in_turn(self, conn: socket.socket) -> None:
+        """Serve ``conn`` once one of the ``limits.max_concurrent`` decision slots is free (FIFO:
+        asyncio.Semaphore wakes waiters in order). An escalated command gives its slot back as
+        soon as it has started, so that commands running in parallel (a build's jobs) never keep
+        the session's other execs from being decided."""
+        try:
+            await self._slots.acquire()
+        except BaseException:  # cancelled while waiting: the connection is still ours to close
+            conn.close()
+            raise
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self._slots.release()
+
+        def on_spawn(child: ChildProcess) -> None:
+            release()
+            self._track(child)
+
+        try:
+            await handle_connection(conn, policy=self.policy, context=self.context, limits=self.limits,
+                                    on_spawn=on_spawn)
+        finally:
+            release()
 
     def _track(self, child: ChildProcess) -> None:
         # Called from the connection's own task right after the spawn, never after close() began:
@@ -230,6 +262,16 @@ class Session:
         await child.wait()
         if not signal_group(child.pgid, 0):  # leader reaped and no member left
             self._children.discard(child)
+
+
+def _check_bounds(context: SessionContext) -> None:
+    """Raises ValueError if the session id, labels or sandbox roots exceed their bounds
+    (:mod:`execgate.server.protocol`); the policy service would refuse every request otherwise."""
+    box = context.sandbox
+    roots = () if box is None else (*box.writable_roots, *box.readable_roots)
+    violation = p.session_bounds_violation(context.session_id, context.labels, roots)
+    if violation is not None:
+        raise ValueError(violation)
 
 
 async def _cancel(tasks: set[asyncio.Task[None]]) -> None:

@@ -178,18 +178,56 @@ async def test_bad_input_leaves_server_serving_and_fds_at_baseline(short_tmp):
     assert len(policy.calls) == 3
 
 
-async def test_request_deadline_and_concurrency_limit(short_tmp):
+async def test_request_deadline_and_queueing_past_the_concurrency_limit(short_tmp):
     limits = Limits(request_timeout_s=0.5, max_concurrent=1)
     async with _server(TablePolicy(), short_tmp, limits=limits).start_session() as s:
         idle = await handshake(s.client_fd)  # holds the only slot, sends nothing
         with idle:
+            # Queued behind the idle one, not refused: answered once the deadline frees the slot.
             resp = await request(s.client_fd, "/bin/true", ["true"])
-            assert resp.action == "Deny" and "too many concurrent" in (resp.reason or "")
+            assert resp.action == "Run"
             with pytest.raises(p.ProtocolError):
                 async with asyncio.timeout(5):  # closed by the server after its 0.5 s deadline
                     await recv_frame(idle)
         assert await wait_until(lambda: len(s._conns) == 0)
         assert (await request(s.client_fd, "/bin/true", ["true"])).action == "Run"
+
+
+async def test_hard_cap_on_connections_is_a_deny_saying_so(short_tmp):
+    limits = Limits(request_timeout_s=30, max_concurrent=1, max_connections=2)
+    policy = TablePolicy()
+    async with _server(policy, short_tmp, limits=limits).start_session() as s:
+        idle = await handshake(s.client_fd)  # deciding (holds the slot)
+        queued = await handshake(s.client_fd)  # waiting for the slot
+        with idle, queued:
+            assert await wait_until(lambda: len(s._conns) == 2)
+            resp = await request(s.client_fd, "/bin/true", ["true"])
+            assert resp.action == "Deny" and "hard cap 2" in (resp.reason or "")
+        assert await wait_until(lambda: len(s._conns) == 0)
+        assert (await request(s.client_fd, "/bin/true", ["true"])).action == "Run"
+    assert len(policy.calls) == 1
+
+
+async def test_running_escalated_commands_hold_no_decision_slot(short_tmp):
+    """Two escalated commands run at once with one slot; a third exec is decided meanwhile."""
+    limits = Limits(max_concurrent=1)
+    policy = TablePolicy({"sh": ESCALATE})
+    gate = short_tmp / "gate"
+    os.mkfifo(gate)
+    async with _server(policy, short_tmp, limits=limits).start_session() as s:
+        socks = []
+        for _ in range(2):  # each blocks reading the fifo until the test writes to it
+            sock = await handshake(s.client_fd)
+            socks.append(sock)
+            assert (await ask(sock, "/bin/sh", ["sh", "-c", f"read x < {gate}; exit 7"])).action == "Escalate"
+            await _escalate_with_devnull(sock)
+        assert await wait_until(lambda: len(s.children) == 2)
+        assert (await request(s.client_fd, "/bin/true", ["true"])).action == "Run"
+        with open(gate, "w") as fifo:  # both readers get EOF (or the line) and exit
+            fifo.write("go\n")
+        for sock in socks:
+            with sock:
+                assert await _exit_code(sock) == 7
 
 
 async def test_policy_failure_is_a_deny_naming_the_cause(short_tmp):
