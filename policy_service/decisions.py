@@ -11,6 +11,7 @@ program, or a bubblewrap command line from the granted profile
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from typing import Awaitable, Callable, Mapping, NamedTuple, Protocol, Sequence
@@ -19,7 +20,7 @@ from execgate.policy_service.approvals import ApprovalBroker
 from execgate.policy_service.audit import AuditLog, AuditRecord
 from execgate.policy_service.envclean import clean_env
 from execgate.server.policy import Decision, Execution, Permissions, PreparedExec, SessionContext
-from execgate.server.sandbox import bwrap_argv
+from execgate.server.sandbox import bwrap_argv, find_bwrap, unsafe_workdir, visible_inside
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,11 @@ PromptHook = Callable[[float], Awaitable[None]]
 
 #: A prompt that times out is answered this long (seconds) before the caller's own deadline.
 _ANSWER_MARGIN_S = 0.25
+
+
+class EscalationRefused(ValueError):
+    """Raised by :meth:`DecisionService.prepare` when an escalated exec cannot be built safely; the
+    message (shown to the caller in its denial) says why and what to do."""
 
 
 class Decided(NamedTuple):
@@ -64,7 +70,13 @@ class DecisionService:
             at once).
         approvals: the broker that runs prompts.
         audit: where each decision is written, or None for no audit log.
-        bwrap: the bubblewrap executable named in sandboxed command lines.
+        bwrap: absolute path of the bubblewrap named in sandboxed command lines; default: found
+            once, here at service start, in root-owned system directories
+            (:func:`execgate.server.sandbox.find_bwrap`), never on a caller's PATH. None found: a
+            sandboxed escalation is refused (the plain ones still work).
+
+    Raises:
+        ValueError: a relative ``bwrap``.
     """
 
     def __init__(
@@ -73,12 +85,14 @@ class DecisionService:
         *,
         approvals: ApprovalBroker,
         audit: AuditLog | None = None,
-        bwrap: str = "bwrap",
+        bwrap: str | None = None,
     ) -> None:
+        if bwrap is not None and not os.path.isabs(bwrap):
+            raise ValueError(f"bwrap must be an absolute path, got {bwrap!r}")
         self.rules = rules
         self.approvals = approvals
         self.audit = audit
-        self.bwrap = bwrap
+        self.bwrap = bwrap if bwrap is not None else find_bwrap()
 
     async def decide(
         self,
@@ -191,16 +205,45 @@ class DecisionService:
         ``unsandboxed`` (and ``session_default`` for a session with no sandbox) gives
         ``[program, *argv[1:]]`` with ``arg0 = argv[0]``; a profile gives a bwrap command line
         (see :func:`execgate.server.sandbox.bwrap_argv`; bwrap cannot set argv[0], so ``arg0`` is
-        None and the program sees its path). The environment is cleaned, keeping the variables
-        that the matching rule's ``allow_env`` names.
+        None and the program sees its path), its ``command[0]`` the absolute bwrap found at
+        service start. The environment is cleaned, keeping the variables that the matching rule's
+        ``allow_env`` names.
+
+        Raises:
+            EscalationRefused: the working directory exists only inside the session's sandbox (its
+                private ``/tmp``, ``/dev`` or ``/proc``), or a profile needs bwrap and none was found.
+            SandboxError: the bwrap command line cannot be built (see ``bwrap_argv``).
         """
+        _check_workdir(session, workdir)
         allow = self.rules.current.evaluate(program, argv).allow_env
         cleaned = clean_env(env, allow)
         profile = _profile(execution, session, workdir)
         if profile is None:
             return PreparedExec(command=(program, *argv[1:]), cwd=workdir, env=cleaned, arg0=argv[0])
+        if self.bwrap is None:
+            raise EscalationRefused("this escalation runs in a sandbox, but the policy service found no bwrap "
+                                    "in its trusted system directories")
         command = bwrap_argv(profile, cwd=workdir, bwrap=self.bwrap) + [program, *argv[1:]]
         return PreparedExec(command=tuple(command), cwd=workdir, env=cleaned, arg0=None)
+
+
+def _check_workdir(session: SessionContext, workdir: str) -> None:
+    """Refuse a working directory that is the sandbox's own and not the host's: outside the
+    session's roots, ``/tmp``, ``/dev`` and ``/proc`` inside a sandboxed shell are private, so the
+    same path outside (where every escalated command starts) is another directory or none.
+
+    Raises:
+        EscalationRefused: with a message saying so and where to ``cd`` instead.
+    """
+    sandbox = session.sandbox
+    if sandbox is None or visible_inside(workdir, sandbox):
+        return
+    instead = sandbox.writable_roots[0] if sandbox.writable_roots else "the session's working directory"
+    raise EscalationRefused(
+        f"the working directory {workdir} exists only inside this session's sandbox (its private /tmp, "
+        f"/dev or /proc), not where escalated commands start; cd to {instead} (or another of the "
+        "session's writable roots) and run it from there"
+    )
 
 
 def _profile(execution: Execution, session: SessionContext, workdir: str) -> Permissions | None:
@@ -209,12 +252,17 @@ def _profile(execution: Execution, session: SessionContext, workdir: str) -> Per
     A ``permissions`` profile grants more than the session has, never less: its writable roots
     are joined by the session sandbox's own writable roots (so that ``git clone . ../copy``
     escalated with network still writes where the shell could). The working directory is the
-    caller's claim, not a grant: it becomes writable only when the session has no sandbox (its
-    shell could write there anyway); in a sandboxed session only if one of its roots covers it.
+    caller's claim, not a grant, and is never bound by itself: it becomes writable only when the
+    session has no sandbox (its shell could write there anyway) and it is not a system directory
+    (``/``, ``/tmp``, ``/proc``, …: :func:`~execgate.server.sandbox.unsafe_workdir`); in a
+    sandboxed session only if one of its roots covers it.
     """
     if execution.kind == "permissions":
         granted = execution.permissions or Permissions()
-        own = session.sandbox.writable_roots if session.sandbox is not None else (workdir,)
+        if session.sandbox is not None:
+            own = session.sandbox.writable_roots
+        else:
+            own = (workdir,) if unsafe_workdir(workdir) is None else ()
         writable = tuple(dict.fromkeys((*granted.writable_roots, *own)))
         return Permissions(network=granted.network, writable_roots=writable, readable_roots=granted.readable_roots)
     if execution.kind == "session_default":

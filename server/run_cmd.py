@@ -221,11 +221,14 @@ class _Plan:
 
 def _plan(args: argparse.Namespace) -> _Plan:
     """Resolve the options. Raises RunSetupError with a one-line reason."""
-    from execgate.server.sandbox import SandboxError, choose_sandbox
+    from execgate.server.sandbox import SandboxError, choose_sandbox, unsafe_workdir
 
     workdir = os.path.abspath(args.cwd or os.getcwd())
     if not os.path.isdir(workdir):
         raise RunSetupError(f"--cwd {workdir}: not a directory")
+    # A sandboxed session's working directory becomes a writable root: never a system directory.
+    if args.sandbox != "none" and (why := unsafe_workdir(workdir, os.environ.get("HOME"))) is not None:
+        raise RunSetupError(f"--cwd: {why}")
     shell = shutil.which(args.shell)
     if shell is None:
         raise RunSetupError(f"--shell {args.shell}: not found")

@@ -46,7 +46,7 @@ def test_network_permission_keeps_network(short_tmp):
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     try:
-        argv = bwrap_argv(Permissions(network=True), cwd=str(short_tmp))
+        argv = bwrap_argv(Permissions(network=True, writable_roots=(str(short_tmp),)), cwd=str(short_tmp))
         probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3)"
         done = _run(argv + ["python3", "-c", probe])
     finally:
@@ -60,11 +60,10 @@ def test_none_mode_is_unconfined(short_tmp):
     assert sandbox.launch_argv(["sh", "-c", "true"], cwd=str(short_tmp)) == ["sh", "-c", "true"]
 
 
-def test_bwrap_missing_is_an_error_for_bwrap_and_a_fallback_for_auto(monkeypatch, short_tmp):
-    monkeypatch.setenv("PATH", str(short_tmp))
+def test_bwrap_missing_is_an_error_for_bwrap_and_a_fallback_for_auto(short_tmp):
     with pytest.raises(SandboxError, match="not found"):
-        choose_sandbox("bwrap", workdir=str(short_tmp))
-    auto = choose_sandbox("auto", workdir=str(short_tmp))
+        choose_sandbox("bwrap", workdir=str(short_tmp), bwrap_dirs=(str(short_tmp),))
+    auto = choose_sandbox("auto", workdir=str(short_tmp), bwrap_dirs=(str(short_tmp),))
     assert auto.mode == "none" and "not found" in auto.note
 
 
@@ -83,7 +82,7 @@ def _pids_with_cmdline(needle: bytes) -> list[int]:
 
 def test_killing_bwrap_kills_grandchildren_that_left_the_group(short_tmp):
     token = f"4{os.getpid()}.{time.monotonic_ns() % 100000}".encode()
-    argv = bwrap_argv(Permissions(), cwd=str(short_tmp)) + ["/bin/sh", "-c", f"setsid sleep {token.decode()} & wait"]
+    argv = bwrap_argv(Permissions(writable_roots=(str(short_tmp),)), cwd=str(short_tmp)) + ["/bin/sh", "-c", f"setsid sleep {token.decode()} & wait"]
     proc = subprocess.Popen(argv)
     try:
         deadline = time.monotonic() + 20
