@@ -264,9 +264,13 @@ async def run(args: argparse.Namespace) -> int:
     plan = _plan(args)
     if not args.quiet:
         print(f"execgate: {plan.sandbox.note}", file=sys.stderr, flush=True)  # type: ignore[attr-defined]
+    from execgate.server.sandbox import SandboxError
+
     received = _cancel_on_signals()
     try:
         return await _run_session(args, plan)
+    except SandboxError as exc:  # e.g. a TMPDIR (socket directory) inside the working directory
+        raise RunSetupError(f"sandbox: {exc}") from exc
     except asyncio.CancelledError:
         if not received:
             raise

@@ -96,12 +96,14 @@ def unsafe_workdir(path: str, home: str | None = None) -> str | None:
 
     Refused: the system directories (``/``, ``/tmp``, ``/usr``, ``/etc``, …, see ``_SYSTEM_DIRS``)
     themselves and anything under a pseudo file system (``/proc``, ``/sys``, ``/dev``, ``/run``).
-    The user's ``home`` itself is allowed. ``path`` is resolved (symlinks) first.
+    The user's ``home`` itself is allowed. ``path`` is judged as written and resolved (symlinks).
     """
     real = os.path.realpath(path)
     if home and real == os.path.realpath(home):
         return None
-    if real in _SYSTEM_DIRS or any(under(real, d) for d in _PSEUDO_FS):
+    # Both spellings: /lib64 resolves to /usr/lib64 where /usr is merged.
+    names = {os.path.normpath(path), real}
+    if names & _SYSTEM_DIRS or any(under(n, d) for n in names for d in _PSEUDO_FS):
         return (f"{path} is a system directory; it would become writable in the sandbox "
                 "(use a project directory, e.g. one made with mktemp -d)")
     return None
