@@ -121,7 +121,12 @@ class DecisionService:
         execution = evaluation.execution or Execution()
         common = {"rule_id": rule_id, "decision_id": uuid.uuid4().hex}
         approver = ""
-        if evaluation.decision == "run":
+        # An escalation from a directory that exists only in the session's sandbox cannot start
+        # where escalated commands run: deny it up front, before any approver is asked.
+        stranded = _stranded_workdir(session, workdir) if evaluation.decision in ("escalate", "prompt") else None
+        if stranded is not None:
+            decision = Decision.deny(stranded, **common)
+        elif evaluation.decision == "run":
             decision = Decision.run(reason=reason, **common)
         elif evaluation.decision == "escalate":
             decision = Decision.escalate(execution, reason=reason, **common)
@@ -227,30 +232,33 @@ class DecisionService:
         return PreparedExec(command=tuple(command), cwd=workdir, env=cleaned, arg0=None)
 
 
-def _check_workdir(session: SessionContext, workdir: str) -> None:
-    """Refuse a working directory that is the sandbox's own and not the host's: outside the
-    session's roots, ``/tmp``, ``/dev`` and ``/proc`` inside a sandboxed shell are private, so the
-    same path outside (where every escalated command starts) is another directory or none.
+def _stranded_workdir(session: SessionContext, workdir: str) -> str | None:
+    """Why an escalation cannot start in ``workdir``, or None if it can.
 
-    Raises:
-        EscalationRefused: with a message saying so and where to ``cd`` instead.
+    Outside the session's roots, ``/tmp``, ``/dev`` and ``/proc`` inside a sandboxed shell are the
+    sandbox's own, so the same path outside (where every escalated command starts, sandboxed or
+    not) is another directory or none at all.
     """
     sandbox = session.sandbox
     if sandbox is None or visible_inside(workdir, sandbox):
-        return
+        return None
     instead = sandbox.writable_roots[0] if sandbox.writable_roots else "the session's working directory"
-    raise EscalationRefused(
-        f"the working directory {workdir} exists only inside this session's sandbox (its private /tmp, "
-        f"/dev or /proc), not where escalated commands start; cd to {instead} (or another of the "
-        "session's writable roots) and run it from there"
-    )
+    return (f"the working directory {workdir} exists only inside this session's sandbox (its private /tmp, "
+            f"/dev or /proc), not where escalated commands start; cd to {instead} (or another of the "
+            "session's writable roots) and run it from there")
+
+
+def _check_workdir(session: SessionContext, workdir: str) -> None:
+    """Raises EscalationRefused with :func:`_stranded_workdir`'s message, if any."""
+    if (why := _stranded_workdir(session, workdir)) is not None:
+        raise EscalationRefused(why)
 
 
 def _profile(execution: Execution, session: SessionContext, workdir: str) -> Permissions | None:
     """The sandbox profile an execution asks for, or None for none.
 
-    A ``permissions`` profile grants more than the session has, never less: its writable roots
-    are joined by the session sandbox's own writable roots (so that ``git clone . ../copy``
+    A ``permissions`` profile grants more than the session has, never less: its writable and
+    readable roots are joined by the session sandbox's own (so that ``git clone . ../copy``
     escalated with network still writes where the shell could). The working directory is the
     caller's claim, not a grant, and is never bound by itself: it becomes writable only when the
     session has no sandbox (its shell could write there anyway) and it is not a system directory
@@ -264,7 +272,9 @@ def _profile(execution: Execution, session: SessionContext, workdir: str) -> Per
         else:
             own = (workdir,) if unsafe_workdir(workdir) is None else ()
         writable = tuple(dict.fromkeys((*granted.writable_roots, *own)))
-        return Permissions(network=granted.network, writable_roots=writable, readable_roots=granted.readable_roots)
+        seen = session.sandbox.readable_roots if session.sandbox is not None else ()
+        readable = tuple(dict.fromkeys(r for r in (*granted.readable_roots, *seen) if r not in writable))
+        return Permissions(network=granted.network, writable_roots=writable, readable_roots=readable)
     if execution.kind == "session_default":
         return session.sandbox
     return None
