@@ -20,7 +20,10 @@ fresh network namespace that has only loopback), and, for root as for anyone:
 * ``--new-session``: the command is not in the caller's terminal session, so it cannot push input
   into a terminal with ``TIOCSTI`` (bwrap(1) "--new-session");
 * ``--unshare-pid --die-with-parent``: when bwrap dies, the kernel kills every process inside;
-* ``--unshare-ipc``: no SysV IPC or POSIX message queues shared with the host.
+* ``--unshare-ipc``: no SysV IPC or POSIX message queues shared with the host;
+* ``/proc/sys``, ``/proc/sysrq-trigger``, ``/proc/irq``, ``/proc/bus``, ``/proc/fs`` read-only:
+  root inside is still the host's uid 0 to permission checks on files (a user namespace maps it to
+  itself), and a sysctl file checks nothing else.
 
 Inherited fds (the session's ``CODEX_ESCALATE_SOCKET``) pass through bwrap unchanged. The session's
 fallback socket directory is bound back in **read-only** after ``/tmp`` is replaced: connect(2) on a
@@ -51,6 +54,12 @@ TRUSTED_BIN_DIRS: tuple[str, ...] = ("/usr/bin", "/bin", "/usr/local/bin")
 #: Mount points the sandbox replaces with its own (tmpfs, devtmpfs copy, procfs): a path under one
 #: of them is visible inside only if a bound root covers it.
 _REPLACED = ("/tmp", "/dev", "/proc")
+
+#: Kernel knobs under a fresh /proc that root in the sandbox could still write: root's uid maps to
+#: the host's uid 0, and sysctl files check the uid only (``/proc/sys/kernel/core_pattern`` names a
+#: program the kernel runs as host root). Bound read-only over the new /proc, as container runtimes
+#: do; without capabilities they cannot be unmounted.
+_PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
 
 #: Directories that are never a session's working directory (they would become writable roots).
 _SYSTEM_DIRS = frozenset({
@@ -156,6 +165,8 @@ def bwrap_argv(
     argv = [bwrap, "--unshare-user", "--disable-userns", "--cap-drop", "ALL", "--new-session",
             "--unshare-pid", "--unshare-ipc", "--die-with-parent",
             "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    for path in _PROC_READ_ONLY:
+        argv += ["--ro-bind-try", path, path]
     if private_tmp:
         argv += ["--tmpfs", "/tmp"]
     for root in permissions.readable_roots:

@@ -3,7 +3,8 @@ unprivileged user: ``execgate run --sandbox bwrap`` as a subprocess, real bubble
 
 * a fake ``bwrap`` on the caller's PATH never launches an escalated command (absolute launcher);
 * root inside the shell's sandbox, or inside an escalated one, has no capability: it cannot
-  remount ``/`` read-write, write a root-owned file outside its roots, unmount the private ``/tmp``;
+  remount ``/`` read-write, write a root-owned file outside its roots, unmount the private ``/tmp``,
+  write a sysctl;
   no_new_privs is set; no terminal to push input into (``TIOCSTI``);
 * an escalated sandbox never sees the host's ``/proc`` or ``/tmp`` through the caller's working
   directory; a working directory in the session's private ``/tmp`` is refused with a clear message;
@@ -46,6 +47,7 @@ mount -o remount,rw / 2>/dev/null; echo "remount=$?"
 echo pwned 2>/dev/null >> {target}; echo "write=$?"
 umount -l /tmp 2>/dev/null || umount /tmp 2>/dev/null; echo "umount=$?"
 cat {secret} 2>/dev/null; echo "host-tmp-read=$?"
+v=$(cat /proc/sys/kernel/core_pattern); printf '%s\n' "$v" 2>/dev/null > /proc/sys/kernel/core_pattern; echo "sysctl=$?"
 """
 
 
@@ -92,6 +94,9 @@ def _assert_confined(out: str, target: Path, secret: str) -> None:
     assert "remount=0" not in out and "umount=0" not in out, out
     assert "write=0" not in out and target.read_text() == "original\n"
     assert secret not in out and "host-tmp-read=0" not in out, out
+    # Root's uid is the host's uid 0 even in a user namespace: sysctls (core_pattern names a program
+    # the kernel runs as host root) must be read-only. The value written is the current one.
+    assert "sysctl=" in out and "sysctl=0" not in out, out
 
 
 # ------------------------------------------------------------------ 1: absolute launcher
