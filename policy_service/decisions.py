@@ -216,7 +216,7 @@ class DecisionService:
 
         Raises:
             EscalationRefused: the working directory exists only inside the session's sandbox (its
-                private ``/tmp``, ``/dev`` or ``/proc``), or a profile needs bwrap and none was found.
+                private ``/tmp``, ``/run``, ``/dev`` or ``/proc``), or a profile needs bwrap and none was found.
             SandboxError: the bwrap command line cannot be built (see ``bwrap_argv``).
         """
         _check_workdir(session, workdir)
@@ -235,7 +235,7 @@ class DecisionService:
 def _stranded_workdir(session: SessionContext, workdir: str) -> str | None:
     """Why an escalation cannot start in ``workdir``, or None if it can.
 
-    Outside the session's roots, ``/tmp``, ``/dev`` and ``/proc`` inside a sandboxed shell are the
+    Outside the session's roots, ``/tmp``, ``/run``, ``/dev`` and ``/proc`` inside a sandboxed shell are the
     sandbox's own, so the same path outside (where every escalated command starts, sandboxed or
     not) is another directory or none at all.
     """
@@ -244,7 +244,7 @@ def _stranded_workdir(session: SessionContext, workdir: str) -> str | None:
         return None
     instead = sandbox.writable_roots[0] if sandbox.writable_roots else "the session's working directory"
     return (f"the working directory {workdir} exists only inside this session's sandbox (its private /tmp, "
-            f"/dev or /proc), not where escalated commands start; cd to {instead} (or another of the "
+            f"/run, /dev or /proc), not where escalated commands start; cd to {instead} (or another of the "
             "session's writable roots) and run it from there")
 
 

@@ -4,9 +4,10 @@ One place builds every ``bwrap`` argv in execgate: the shell's own sandbox (``ex
 bwrap``) and the sandboxed forms of escalated commands that the policy service prepares for a
 ``permissions`` or ``session_default`` execution.
 
-The sandbox is: the whole filesystem read-only, a private ``/tmp``, the writable roots bound
-read-write and nothing else (the start directory is never bound by itself: it is visible only if a
-root covers it or it lies outside ``/tmp``, ``/proc`` and ``/dev``), no network unless granted (a
+The sandbox is: the whole filesystem read-only, a private ``/tmp`` and ``/run`` (the host's
+service sockets live there), the writable roots bound read-write and nothing else (the start
+directory is never bound by itself: it is visible only if a root covers it or it lies outside
+``/tmp``, ``/run``, ``/proc`` and ``/dev``), no network unless granted (a
 fresh network namespace that has only loopback), and, for root as for anyone:
 
 * ``--unshare-user --cap-drop ALL``: a user namespace and no capability at all — effective,
@@ -53,7 +54,7 @@ TRUSTED_BIN_DIRS: tuple[str, ...] = ("/usr/bin", "/bin", "/usr/local/bin")
 
 #: Mount points the sandbox replaces with its own (tmpfs, devtmpfs copy, procfs): a path under one
 #: of them is visible inside only if a bound root covers it.
-_REPLACED = ("/tmp", "/dev", "/proc")
+_REPLACED = ("/tmp", "/dev", "/proc", "/run", "/var/run")
 
 #: Kernel knobs under a fresh /proc that root in the sandbox could still write: root's uid maps to
 #: the host's uid 0, and sysctl files check the uid only (``/proc/sys/kernel/core_pattern`` names a
@@ -121,7 +122,7 @@ def unsafe_workdir(path: str, home: str | None = None) -> str | None:
 def visible_inside(path: str, permissions: Permissions) -> bool:
     """True if ``path`` names the same directory inside a :func:`bwrap_argv` sandbox as outside:
     a bound root covers it, or it lies outside the replaced mount points (``/tmp``, ``/dev``,
-    ``/proc``)."""
+    ``/proc``, ``/run``)."""
     roots = (*permissions.writable_roots, *permissions.readable_roots)
     return any(under(path, r) for r in roots) or not any(under(path, m) for m in _REPLACED)
 
@@ -167,6 +168,7 @@ def bwrap_argv(
             "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     for path in _PROC_READ_ONLY:
         argv += ["--ro-bind-try", path, path]
+    argv += _private_run()
     if private_tmp:
         argv += ["--tmpfs", "/tmp"]
     for root in permissions.readable_roots:
@@ -178,6 +180,23 @@ def bwrap_argv(
     if not permissions.network:
         argv.append("--unshare-net")
     argv += ["--chdir", cwd, "--"]
+    return argv
+
+
+def _private_run() -> list[str]:
+    """bwrap arguments for a private ``/run``: an empty tmpfs, with only the directory of a
+    ``/etc/resolv.conf`` that links into ``/run`` (systemd-resolved) bound back read-only.
+
+    ``/run`` holds the host's service sockets (``docker.sock``, systemd's ``private`` socket, the
+    user's ``/run/user/UID/bus``): connect(2) needs only write permission on the socket file, which
+    root inside (the host's uid 0) or the same user has, read-only mount or not.
+    """
+    argv = ["--tmpfs", "/run"]
+    if os.path.isdir("/var/run") and not os.path.islink("/var/run"):
+        argv += ["--tmpfs", "/var/run"]
+    resolv = os.path.realpath("/etc/resolv.conf")
+    if under(resolv, "/run") or under(resolv, "/var/run"):
+        argv += ["--ro-bind-try", os.path.dirname(resolv), os.path.dirname(resolv)]
     return argv
 
 

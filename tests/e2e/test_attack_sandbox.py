@@ -4,7 +4,7 @@ unprivileged user: ``execgate run --sandbox bwrap`` as a subprocess, real bubble
 * a fake ``bwrap`` on the caller's PATH never launches an escalated command (absolute launcher);
 * root inside the shell's sandbox, or inside an escalated one, has no capability: it cannot
   remount ``/`` read-write, write a root-owned file outside its roots, unmount the private ``/tmp``,
-  write a sysctl;
+  write a sysctl, or reach the host's service sockets in ``/run``;
   no_new_privs is set; no terminal to push input into (``TIOCSTI``);
 * an escalated sandbox never sees the host's ``/proc`` or ``/tmp`` through the caller's working
   directory; a working directory in the session's private ``/tmp`` is refused with a clear message;
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -138,6 +139,34 @@ def test_escalated_sandbox_has_no_capabilities_and_no_way_out(attacker, outside,
     done = _run(attacker, f"dash -c '{inner}'", "--rules", str(rules))
     assert "remount=" in done.stdout, done.stderr  # the escalated dash ran
     _assert_confined(done.stdout, target, token)
+
+
+def test_host_service_sockets_in_run_are_out_of_reach(attacker, outside):
+    # docker.sock, systemd's private socket, /run/user/UID/bus: a socket the attacker may write
+    # (root-owned for root, which is uid 0 to the host even in a user namespace; its own for the
+    # user) in /run. connect(2) needs only that, read-only mount or not.
+    rules = _rules(outside, ESCALATE_DASH)
+    path = f"/run/eg-svc-{uuid.uuid4().hex[:8]}.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    try:
+        os.chown(path, attacker.uid, attacker.gid)
+        os.chmod(path, 0o600)
+        listener.listen(8)
+        probe = f"import socket; socket.socket(socket.AF_UNIX).connect({path!r}); print('connected')"
+        script = f'python3 -c "{probe}"; echo "shell=$?"; dash -c \'python3 -c "{probe}"; echo "escalated=$?"\''
+        done = _run(attacker, script, "--rules", str(rules))
+        listener.setblocking(False)
+        reached = True  # a connection would wait in the backlog
+        try:
+            listener.accept()[0].close()
+        except BlockingIOError:
+            reached = False
+    finally:
+        listener.close()
+        os.unlink(path)
+    assert not reached and "connected" not in done.stdout, done.stdout + done.stderr
+    assert "shell=1" in done.stdout and "escalated=1" in done.stdout, done.stdout + done.stderr
 
 
 #: Run as the attacker: a pseudo-terminal as the controlling terminal of a bwrap sandbox (the
