@@ -216,7 +216,8 @@ class DecisionService:
 
         Raises:
             EscalationRefused: the working directory exists only inside the session's sandbox (its
-                private ``/tmp``, ``/run``, ``/dev`` or ``/proc``), or a profile needs bwrap and none was found.
+                private ``/tmp``, ``/run``, ``/dev`` or ``/proc``), or a profile needs bwrap and
+                none was found.
             SandboxError: the bwrap command line cannot be built (see ``bwrap_argv``).
         """
         _check_workdir(session, workdir)
@@ -235,9 +236,9 @@ class DecisionService:
 def _stranded_workdir(session: SessionContext, workdir: str) -> str | None:
     """Why an escalation cannot start in ``workdir``, or None if it can.
 
-    Outside the session's roots, ``/tmp``, ``/run``, ``/dev`` and ``/proc`` inside a sandboxed shell are the
-    sandbox's own, so the same path outside (where every escalated command starts, sandboxed or
-    not) is another directory or none at all.
+    Outside the session's roots, ``/tmp``, ``/run``, ``/dev`` and ``/proc`` inside a sandboxed
+    shell are the sandbox's own, so the same path outside (where every escalated command starts,
+    sandboxed or not) is another directory or none at all.
     """
     sandbox = session.sandbox
     if sandbox is None or visible_inside(workdir, sandbox):

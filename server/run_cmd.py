@@ -261,11 +261,11 @@ def tls_credentials(args: argparse.Namespace) -> object:
 
 async def run(args: argparse.Namespace) -> int:
     """Run ``args.script`` as ``execgate run`` does; returns the exit status to use."""
+    from execgate.server.sandbox import SandboxError
+
     plan = _plan(args)
     if not args.quiet:
         print(f"execgate: {plan.sandbox.note}", file=sys.stderr, flush=True)  # type: ignore[attr-defined]
-    from execgate.server.sandbox import SandboxError
-
     received = _cancel_on_signals()
     try:
         return await _run_session(args, plan)

@@ -114,7 +114,8 @@ def spawn(
 
     Args:
         command: argv; ``command[0]`` is the absolute path executed: never searched on a PATH
-            (the env's PATH is the caller's, and a relative name would run its ``bwrap``). Strings are encoded with ``os.fsencode``; pass bytes to choose the exact bytes.
+            (the env's PATH is the caller's, and a relative name would run its ``bwrap``).
+            Strings are encoded with ``os.fsencode``; pass bytes to choose the exact bytes.
         env: the complete environment; nothing of the server's own is added.
         cwd: working directory.
         arg0: argv[0] seen by the program (default ``command[0]``).

@@ -90,7 +90,8 @@ def _pids_with_cmdline(needle: bytes) -> list[int]:
 
 def test_killing_bwrap_kills_grandchildren_that_left_the_group(short_tmp):
     token = f"4{os.getpid()}.{time.monotonic_ns() % 100000}".encode()
-    argv = bwrap_argv(Permissions(writable_roots=(str(short_tmp),)), cwd=str(short_tmp)) + ["/bin/sh", "-c", f"setsid sleep {token.decode()} & wait"]
+    prefix = bwrap_argv(Permissions(writable_roots=(str(short_tmp),)), cwd=str(short_tmp))
+    argv = prefix + ["/bin/sh", "-c", f"setsid sleep {token.decode()} & wait"]
     proc = subprocess.Popen(argv)
     try:
         deadline = time.monotonic() + 20
@@ -125,8 +126,9 @@ def test_socket_dir_is_read_only_but_connectable(short_tmp):
     listener.listen(1)
     try:
         sandbox = choose_sandbox("bwrap", workdir=str(work))
-        probe = (f"import os, socket\nsocket.socket(socket.AF_UNIX).connect({str(sockdir / 's')!r}); print('connected')\n"
-                 f"for op in (lambda: os.unlink({str(sockdir / 's')!r}), lambda: os.rename({str(sockdir)!r}, {str(work / 'x')!r})):\n"
+        sock, moved = str(sockdir / "s"), str(work / "x")
+        probe = (f"import os, socket\nsocket.socket(socket.AF_UNIX).connect({sock!r}); print('connected')\n"
+                 f"for op in (lambda: os.unlink({sock!r}), lambda: os.rename({str(sockdir)!r}, {moved!r})):\n"
                  "    try:\n        op(); print('changed')\n    except OSError as e:\n        print('refused', e.errno)\n")
         done = _run(sandbox.launch_argv(["python3", "-c", probe], cwd=str(work), extra_binds=[str(sockdir)]))
     finally:
