@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from typing import Awaitable, Callable, Mapping, NamedTuple, Protocol, Sequence
@@ -20,7 +21,7 @@ from execgate.policy_service.approvals import ApprovalBroker
 from execgate.policy_service.audit import AuditLog, AuditRecord
 from execgate.policy_service.envclean import clean_env
 from execgate.server.policy import Decision, Execution, Permissions, PreparedExec, SessionContext
-from execgate.server.sandbox import bwrap_argv
+from execgate.server.sandbox import bwrap_argv, find_bwrap, unsafe_workdir, visible_inside
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,11 @@ PromptHook = Callable[[float], Awaitable[None]]
 
 #: A prompt that times out is answered this long (seconds) before the caller's own deadline.
 _ANSWER_MARGIN_S = 0.25
+
+
+class EscalationRefused(ValueError):
+    """Raised by :meth:`DecisionService.prepare` when an escalated exec cannot be built safely; the
+    message (shown to the caller in its denial) says why and what to do."""
 
 
 class Decided(NamedTuple):
@@ -65,7 +71,13 @@ class DecisionService:
             at once).
         approvals: the broker that runs prompts.
         audit: where each decision is written, or None for no audit log.
-        bwrap: the bubblewrap executable named in sandboxed command lines.
+        bwrap: absolute path of the bubblewrap named in sandboxed command lines; default: found
+            once, here at service start, in root-owned system directories
+            (:func:`execgate.server.sandbox.find_bwrap`), never on a caller's PATH. None found: a
+            sandboxed escalation is refused (the plain ones still work).
+
+    Raises:
+        ValueError: a relative ``bwrap``.
     """
 
     def __init__(
@@ -74,12 +86,14 @@ class DecisionService:
         *,
         approvals: ApprovalBroker,
         audit: AuditLog | None = None,
-        bwrap: str = "bwrap",
+        bwrap: str | None = None,
     ) -> None:
+        if bwrap is not None and not os.path.isabs(bwrap):
+            raise ValueError(f"bwrap must be an absolute path, got {bwrap!r}")
         self.rules = rules
         self.approvals = approvals
         self.audit = audit
-        self.bwrap = bwrap
+        self.bwrap = bwrap if bwrap is not None else find_bwrap()
 
     async def decide(
         self,
@@ -113,7 +127,12 @@ class DecisionService:
         execution = evaluation.execution or Execution()
         common = {"rule_id": rule_id, "decision_id": uuid.uuid4().hex}
         approver = ""
-        if evaluation.decision == "run":
+        # An escalation from a directory that exists only in the session's sandbox cannot start
+        # where escalated commands run: deny it up front, before any approver is asked.
+        stranded = _stranded_workdir(session, workdir) if evaluation.decision in ("escalate", "prompt") else None
+        if stranded is not None:
+            decision = Decision.deny(stranded, **common)
+        elif evaluation.decision == "run":
             decision = Decision.run(reason=reason, **common)
         elif evaluation.decision == "escalate":
             decision = Decision.escalate(execution, reason=reason, **common)
@@ -201,33 +220,73 @@ class DecisionService:
         ``unsandboxed`` (and ``session_default`` for a session with no sandbox) gives
         ``[program, *argv[1:]]`` with ``arg0 = argv[0]``; a profile gives a bwrap command line
         (see :func:`execgate.server.sandbox.bwrap_argv`; bwrap cannot set argv[0], so ``arg0`` is
-        None and the program sees its path). The environment is built from an allowlist plus the
-        variables that the matching rule's ``allow_env`` names, PATH fixed unless allowed
+        None and the program sees its path), its ``command[0]`` the absolute bwrap found at
+        service start. The environment is built from an allowlist plus the variables that the
+        matching rule's ``allow_env`` names, PATH fixed unless allowed
         (:func:`execgate.policy_service.envclean.clean_env`): the very environment a prompt showed.
+
+        Raises:
+            EscalationRefused: the working directory exists only inside the session's sandbox (its
+                private ``/tmp``, ``/run``, ``/dev`` or ``/proc``), or a profile needs bwrap and
+                none was found.
+            SandboxError: the bwrap command line cannot be built (see ``bwrap_argv``).
         """
+        _check_workdir(session, workdir)
         allow = self.rules.current.evaluate(program, argv).allow_env
         cleaned = clean_env(env, allow)
         profile = _profile(execution, session, workdir)
         if profile is None:
             return PreparedExec(command=(program, *argv[1:]), cwd=workdir, env=cleaned, arg0=argv[0])
+        if self.bwrap is None:
+            raise EscalationRefused("this escalation runs in a sandbox, but the policy service found no bwrap "
+                                    "in its trusted system directories")
         command = bwrap_argv(profile, cwd=workdir, bwrap=self.bwrap) + [program, *argv[1:]]
         return PreparedExec(command=tuple(command), cwd=workdir, env=cleaned, arg0=None)
+
+
+def _stranded_workdir(session: SessionContext, workdir: str) -> str | None:
+    """Why an escalation cannot start in ``workdir``, or None if it can.
+
+    Outside the session's roots, ``/tmp``, ``/run``, ``/dev`` and ``/proc`` inside a sandboxed
+    shell are the sandbox's own, so the same path outside (where every escalated command starts,
+    sandboxed or not) is another directory or none at all.
+    """
+    sandbox = session.sandbox
+    if sandbox is None or visible_inside(workdir, sandbox):
+        return None
+    instead = sandbox.writable_roots[0] if sandbox.writable_roots else "the session's working directory"
+    return (f"the working directory {workdir} exists only inside this session's sandbox (its private /tmp, "
+            f"/run, /dev or /proc), not where escalated commands start; cd to {instead} (or another of the "
+            "session's writable roots) and run it from there")
+
+
+def _check_workdir(session: SessionContext, workdir: str) -> None:
+    """Raises EscalationRefused with :func:`_stranded_workdir`'s message, if any."""
+    if (why := _stranded_workdir(session, workdir)) is not None:
+        raise EscalationRefused(why)
 
 
 def _profile(execution: Execution, session: SessionContext, workdir: str) -> Permissions | None:
     """The sandbox profile an execution asks for, or None for none.
 
-    A ``permissions`` profile grants more than the session has, never less: its writable roots
-    are joined by the session sandbox's own writable roots (so that ``git clone . ../copy``
+    A ``permissions`` profile grants more than the session has, never less: its writable and
+    readable roots are joined by the session sandbox's own (so that ``git clone . ../copy``
     escalated with network still writes where the shell could). The working directory is the
-    caller's claim, not a grant: it becomes writable only when the session has no sandbox (its
-    shell could write there anyway); in a sandboxed session only if one of its roots covers it.
+    caller's claim, not a grant, and is never bound by itself: it becomes writable only when the
+    session has no sandbox (its shell could write there anyway) and it is not a system directory
+    (``/``, ``/tmp``, ``/proc``, …: :func:`~execgate.server.sandbox.unsafe_workdir`); in a
+    sandboxed session only if one of its roots covers it.
     """
     if execution.kind == "permissions":
         granted = execution.permissions or Permissions()
-        own = session.sandbox.writable_roots if session.sandbox is not None else (workdir,)
+        if session.sandbox is not None:
+            own = session.sandbox.writable_roots
+        else:
+            own = (workdir,) if unsafe_workdir(workdir) is None else ()
         writable = tuple(dict.fromkeys((*granted.writable_roots, *own)))
-        return Permissions(network=granted.network, writable_roots=writable, readable_roots=granted.readable_roots)
+        seen = session.sandbox.readable_roots if session.sandbox is not None else ()
+        readable = tuple(dict.fromkeys(r for r in (*granted.readable_roots, *seen) if r not in writable))
+        return Permissions(network=granted.network, writable_roots=writable, readable_roots=readable)
     if execution.kind == "session_default":
         return session.sandbox
     return None

@@ -328,13 +328,16 @@ class _Plan:
 
 def _plan(args: argparse.Namespace) -> _Plan:
     """Resolve the options. Raises RunSetupError with a one-line reason."""
-    from execgate.server.sandbox import SandboxError, choose_sandbox
+    from execgate.server.sandbox import SandboxError, choose_sandbox, unsafe_workdir
 
     if args.policy is not None and not args.policy.strip():
         raise RunSetupError("--policy: empty address (give unix:///path or host:port, or leave --policy out for the embedded service)")
     workdir = os.path.abspath(args.cwd or os.getcwd())
     if not os.path.isdir(workdir):
         raise RunSetupError(f"--cwd {workdir}: not a directory")
+    # A sandboxed session's working directory becomes a writable root: never a system directory.
+    if args.sandbox != "none" and (why := unsafe_workdir(workdir, os.environ.get("HOME"))) is not None:
+        raise RunSetupError(f"--cwd: {why}")
     shell = shutil.which(args.shell)
     if shell is None:
         raise RunSetupError(f"--shell {args.shell}: not found")
@@ -367,6 +370,8 @@ def tls_credentials(args: argparse.Namespace) -> object:
 
 async def run(args: argparse.Namespace) -> int:
     """Run ``args.script`` as ``execgate run`` does; returns the exit status to use."""
+    from execgate.server.sandbox import SandboxError
+
     plan = _plan(args)
     rules = rules_line(args)
     if not args.quiet:
@@ -375,6 +380,8 @@ async def run(args: argparse.Namespace) -> int:
     received = _cancel_on_signals()
     try:
         return await _run_session(args, plan)
+    except SandboxError as exc:  # e.g. a TMPDIR (socket directory) inside the working directory
+        raise RunSetupError(f"sandbox: {exc}") from exc
     except asyncio.CancelledError:
         if not received:
             raise

@@ -1,16 +1,37 @@
-"""Sandboxes for the session's shell and bubblewrap command lines (docs/DESIGN.md §7).
+"""Sandboxes for the session's shell and bubblewrap command lines (docs/DESIGN.md §7, §8).
 
 One place builds every ``bwrap`` argv in execgate: the shell's own sandbox (``execgate run --sandbox
 bwrap``) and the sandboxed forms of escalated commands that the policy service prepares for a
 ``permissions`` or ``session_default`` execution.
 
-The shell sandbox is: the whole filesystem read-only, a private ``/tmp``, the working directory and
-any extra writable roots bound read-write, no network (a fresh network namespace that has only
-loopback), ``--unshare-pid`` and ``--die-with-parent`` so that killing the launcher kills
-everything inside the sandbox. Inherited fds (the
-session's ``CODEX_ESCALATE_SOCKET``) pass through bwrap unchanged; the session's fallback socket
-directory is bound back in after ``/tmp`` is replaced.
+The sandbox is: the whole filesystem read-only, a private ``/tmp`` and ``/run`` (the host's
+service sockets live there), the writable roots bound read-write and nothing else (the start
+directory is never bound by itself: it is visible only if a root covers it or it lies outside
+``/tmp``, ``/run``, ``/proc`` and ``/dev``), no network unless granted (a
+fresh network namespace that has only loopback), and, for root as for anyone:
 
+* ``--unshare-user --cap-drop ALL``: a user namespace and no capability at all — effective,
+  permitted and bounding sets empty — so root inside cannot remount, unmount (``/tmp``, the socket
+  directory) or override file permissions. Without ``--unshare-user`` bwrap run by root keeps the
+  bounding set; without ``--cap-drop ALL`` it keeps every capability (bwrap(1) "--cap-drop";
+  checked here in ``/proc/self/status``, tests/server/test_sandbox.py);
+* ``--disable-userns``: no nested user namespace either, which would give back capabilities over a
+  new mount namespace (bwrap(1), bubblewrap ≥ 0.8);
+* no_new_privs: bwrap always sets ``PR_SET_NO_NEW_PRIVS`` (``NoNewPrivs: 1``, asserted in a test);
+* ``--new-session``: the command is not in the caller's terminal session, so it cannot push input
+  into a terminal with ``TIOCSTI`` (bwrap(1) "--new-session");
+* ``--unshare-pid --die-with-parent``: when bwrap dies, the kernel kills every process inside;
+* ``--unshare-ipc``: no SysV IPC or POSIX message queues shared with the host;
+* ``/proc/sys``, ``/proc/sysrq-trigger``, ``/proc/irq``, ``/proc/bus``, ``/proc/fs`` read-only:
+  root inside is still the host's uid 0 to permission checks on files (a user namespace maps it to
+  itself), and a sysctl file checks nothing else.
+
+Inherited fds (the session's ``CODEX_ESCALATE_SOCKET``) pass through bwrap unchanged. The session's
+fallback socket directory is bound back in **read-only** after ``/tmp`` is replaced: connect(2) on a
+socket inode works on a read-only mount, while unlink, rename and bind fail (``EROFS``; renaming the
+mount point itself is ``EBUSY``), so no one inside can put a fake server in its place.
+
+bwrap itself is found only in :data:`TRUSTED_BIN_DIRS`, never through a PATH.
 Flag meanings are from bwrap(1) (bubblewrap 0.8).
 """
 
@@ -18,7 +39,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import subprocess
 from dataclasses import dataclass
 from typing import Literal, Sequence
@@ -29,9 +49,82 @@ log = logging.getLogger(__name__)
 
 SandboxMode = Literal["auto", "bwrap", "none"]
 
+#: Where bwrap is looked for, in order: root-owned system directories, never a caller's PATH.
+TRUSTED_BIN_DIRS: tuple[str, ...] = ("/usr/bin", "/bin", "/usr/local/bin")
+
+#: Mount points the sandbox replaces with its own (tmpfs, devtmpfs copy, procfs): a path under one
+#: of them is visible inside only if a bound root covers it.
+_REPLACED = ("/tmp", "/dev", "/proc", "/run", "/var/run")
+
+#: Kernel knobs under a fresh /proc that root in the sandbox could still write: root's uid maps to
+#: the host's uid 0, and sysctl files check the uid only (``/proc/sys/kernel/core_pattern`` names a
+#: program the kernel runs as host root). Bound read-only over the new /proc, as container runtimes
+#: do; without capabilities they cannot be unmounted.
+_PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+
+#: Directories that are never a session's working directory (they would become writable roots).
+_SYSTEM_DIRS = frozenset({
+    "/", "/tmp", "/var/tmp", "/proc", "/dev", "/run", "/sys", "/usr", "/etc", "/var", "/boot", "/bin",
+    "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/home", "/root", "/opt", "/srv", "/mnt", "/media",
+})
+#: Pseudo file systems: no directory under them is a working directory either.
+_PSEUDO_FS = ("/proc", "/sys", "/dev", "/run")
+
 
 class SandboxError(Exception):
-    """Raised when the requested sandbox cannot be set up (bwrap missing or unusable)."""
+    """Raised when the requested sandbox cannot be set up (bwrap missing or unusable, a root or
+    start directory that cannot be confined)."""
+
+
+def find_bwrap(dirs: Sequence[str] = TRUSTED_BIN_DIRS) -> str | None:
+    """The absolute path of bubblewrap in the first of ``dirs`` holding it, or None.
+
+    A candidate counts only if it is an executable regular file owned by root and writable by
+    nobody else, in a directory with the same property: a file someone else can replace is not a
+    launcher to trust. PATH is never consulted.
+    """
+    for directory in dirs:
+        path = os.path.join(directory, "bwrap")
+        try:
+            st, dst = os.stat(path), os.stat(directory)
+        except OSError:
+            continue
+        if (os.path.isabs(path) and st.st_uid == 0 and dst.st_uid == 0 and not (st.st_mode | dst.st_mode) & 0o022
+                and os.access(path, os.X_OK) and os.path.isfile(path)):
+            return path
+    return None
+
+
+def under(path: str, root: str) -> bool:
+    """True if absolute ``path`` is ``root`` or lies below it (lexically, both normalised)."""
+    path, root = os.path.normpath(path), os.path.normpath(root)
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def unsafe_workdir(path: str, home: str | None = None) -> str | None:
+    """Why ``path`` must not be a session's working directory (a writable root), or None if it may.
+
+    Refused: the system directories (``/``, ``/tmp``, ``/usr``, ``/etc``, …, see ``_SYSTEM_DIRS``)
+    themselves and anything under a pseudo file system (``/proc``, ``/sys``, ``/dev``, ``/run``).
+    The user's ``home`` itself is allowed. ``path`` is judged as written and resolved (symlinks).
+    """
+    real = os.path.realpath(path)
+    if home and real == os.path.realpath(home):
+        return None
+    # Both spellings: /lib64 resolves to /usr/lib64 where /usr is merged.
+    names = {os.path.normpath(path), real}
+    if names & _SYSTEM_DIRS or any(under(n, d) for n in names for d in _PSEUDO_FS):
+        return (f"{path} is a system directory; it would become writable in the sandbox "
+                "(use a project directory, e.g. one made with mktemp -d)")
+    return None
+
+
+def visible_inside(path: str, permissions: Permissions) -> bool:
+    """True if ``path`` names the same directory inside a :func:`bwrap_argv` sandbox as outside:
+    a bound root covers it, or it lies outside the replaced mount points (``/tmp``, ``/dev``,
+    ``/proc``, ``/run``)."""
+    roots = (*permissions.writable_roots, *permissions.readable_roots)
+    return any(under(path, r) for r in roots) or not any(under(path, m) for m in _REPLACED)
 
 
 def bwrap_argv(
@@ -40,46 +133,82 @@ def bwrap_argv(
     cwd: str,
     private_tmp: bool = True,
     extra_binds: Sequence[str] = (),
-    bwrap: str = "bwrap",
+    bwrap: str | None = None,
 ) -> list[str]:
-    """The bwrap prefix that confines a command to ``permissions``.
+    """The bwrap prefix that confines a command to ``permissions`` (module doc: what it holds).
 
     Args:
         permissions: network on/off; writable roots bound read-write, readable roots read-only
             (the root is read-only already, so readable roots matter only for paths under a
             private ``/tmp``).
-        cwd: absolute directory the command starts in (``--chdir``).
+        cwd: absolute directory the command starts in (``--chdir``); it is not bound: it must be
+            visible inside (:func:`visible_inside`).
         private_tmp: mount a fresh tmpfs on ``/tmp`` (before the binds, so binds under /tmp show).
-        extra_binds: more absolute paths bound read-write (e.g. the session's socket directory).
-        bwrap: the bwrap executable.
+        extra_binds: absolute paths bound **read-only** last (the session's socket directory);
+            none may lie in or contain a writable root, where its parent could be renamed away.
+        bwrap: absolute path of bwrap; default :func:`find_bwrap`.
 
     Returns:
         ``[bwrap, flags…, "--"]``: append the command's argv to it.
+
+    Raises:
+        SandboxError: no trusted bwrap, a relative ``bwrap`` or ``cwd``, ``cwd`` not visible
+            inside, or an extra bind overlapping a writable root.
     """
-    argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    bwrap = bwrap if bwrap is not None else find_bwrap()
+    if bwrap is None or not os.path.isabs(bwrap):
+        raise SandboxError(f"bwrap must be an absolute path found in {', '.join(TRUSTED_BIN_DIRS)}, got {bwrap!r}")
+    if not os.path.isabs(cwd) or not visible_inside(cwd, permissions):
+        raise SandboxError(f"start directory {cwd} is not visible inside the sandbox")
+    for bind in extra_binds:
+        if any(under(bind, r) or under(r, bind) for r in permissions.writable_roots):
+            raise SandboxError(f"{bind} must stay read-only but overlaps a writable root")
+    argv = [bwrap, "--unshare-user", "--disable-userns", "--cap-drop", "ALL", "--new-session",
+            "--unshare-pid", "--unshare-ipc", "--die-with-parent",
+            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    for path in _PROC_READ_ONLY:
+        argv += ["--ro-bind-try", path, path]
+    argv += _private_run()
     if private_tmp:
         argv += ["--tmpfs", "/tmp"]
-    # The start directory stays visible (read-only unless a writable root covers it) under /tmp too.
-    for root in (cwd, *permissions.readable_roots):
+    for root in permissions.readable_roots:
         argv += ["--ro-bind-try", root, root]
-    for root in (*permissions.writable_roots, *extra_binds):
+    for root in permissions.writable_roots:
         argv += ["--bind-try", root, root]
+    for bind in extra_binds:
+        argv += ["--ro-bind", bind, bind]
     if not permissions.network:
         argv.append("--unshare-net")
-    # A pid namespace: when bwrap dies (--die-with-parent, or a kill of its group), the kernel
-    # kills every process inside, grandchildren that left the process group included.
-    argv += ["--unshare-pid", "--die-with-parent", "--chdir", cwd, "--"]
+    argv += ["--chdir", cwd, "--"]
     return argv
 
 
-def bwrap_usable(bwrap: str = "bwrap") -> str | None:
-    """Return None if ``bwrap`` can start a sandbox here, else a one-line reason why not."""
-    path = shutil.which(bwrap)
+def _private_run() -> list[str]:
+    """bwrap arguments for a private ``/run``: an empty tmpfs, with only the directory of a
+    ``/etc/resolv.conf`` that links into ``/run`` (systemd-resolved) bound back read-only.
+
+    ``/run`` holds the host's service sockets (``docker.sock``, systemd's ``private`` socket, the
+    user's ``/run/user/UID/bus``): connect(2) needs only write permission on the socket file, which
+    root inside (the host's uid 0) or the same user has, read-only mount or not.
+    """
+    argv = ["--tmpfs", "/run"]
+    if os.path.isdir("/var/run") and not os.path.islink("/var/run"):
+        argv += ["--tmpfs", "/var/run"]
+    resolv = os.path.realpath("/etc/resolv.conf")
+    if under(resolv, "/run") or under(resolv, "/var/run"):
+        argv += ["--ro-bind-try", os.path.dirname(resolv), os.path.dirname(resolv)]
+    return argv
+
+
+def bwrap_usable(dirs: Sequence[str] = TRUSTED_BIN_DIRS) -> str | None:
+    """Return None if the trusted bwrap (:func:`find_bwrap` in ``dirs``) can start a sandbox
+    here, else a one-line reason why not."""
+    path = find_bwrap(dirs)
     if path is None:
-        return f"{bwrap} not found on PATH"
+        return f"bwrap not found in {', '.join(dirs)} (root-owned, not writable by others)"
     probe = bwrap_argv(Permissions(), cwd="/", bwrap=path) + ["/bin/true"]
     try:
-        done = subprocess.run(probe, capture_output=True, timeout=10, check=False)
+        done = subprocess.run(probe, capture_output=True, timeout=10, check=False, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{path} failed to start: {exc}"
     if done.returncode != 0:
@@ -102,34 +231,54 @@ class ShellSandbox:
     mode: Literal["bwrap", "none"]
     permissions: Permissions | None
     note: str
+    bwrap: str | None = None
 
     def launch_argv(self, shell_argv: Sequence[str], *, cwd: str, extra_binds: Sequence[str] = ()) -> list[str]:
-        """Turn the shell's argv into the argv actually spawned (a bwrap prefix, or unchanged)."""
+        """Turn the shell's argv into the argv actually spawned (a bwrap prefix, or unchanged).
+
+        ``extra_binds`` (the session's fallback-socket directory) are bound read-only.
+
+        Raises:
+            SandboxError: as :func:`bwrap_argv`.
+        """
         if self.mode == "none" or self.permissions is None:
             return list(shell_argv)
-        return bwrap_argv(self.permissions, cwd=cwd, extra_binds=extra_binds) + list(shell_argv)
+        return bwrap_argv(self.permissions, cwd=cwd, extra_binds=extra_binds, bwrap=self.bwrap) + list(shell_argv)
 
 
 def choose_sandbox(
-    mode: SandboxMode, *, workdir: str, writable: Sequence[str] = (), readable: Sequence[str] = ()
+    mode: SandboxMode,
+    *,
+    workdir: str,
+    writable: Sequence[str] = (),
+    readable: Sequence[str] = (),
+    bwrap_dirs: Sequence[str] = TRUSTED_BIN_DIRS,
 ) -> ShellSandbox:
     """Resolve ``--sandbox auto|bwrap|none`` for a shell working in ``workdir``.
 
     ``readable`` lists paths that must stay visible even under the private ``/tmp`` (execgate's
     own install prefix, the wrapper, the preload shim: a virtualenv may live under /tmp).
+    ``bwrap_dirs``: where bwrap is looked for (:func:`find_bwrap`).
 
     Raises:
-        SandboxError: ``bwrap`` was asked for and cannot run here.
+        SandboxError: ``bwrap`` was asked for and cannot run here; or a bwrap sandbox (``auto``
+            included: fail closed, never a silent fallback) would make a system directory
+            (:func:`unsafe_workdir`) writable.
     """
     if mode == "none":
         return ShellSandbox("none", None, "sandbox: none (the shell runs unconfined; every exec is still gated)")
-    reason = bwrap_usable()
+    reason = bwrap_usable(bwrap_dirs)
     if reason is not None:
         if mode == "bwrap":
             raise SandboxError(reason)
         return ShellSandbox("none", None, f"sandbox: none ({reason})")
     roots = tuple(dict.fromkeys([os.path.abspath(workdir), *map(os.path.abspath, writable)]))
+    home = os.environ.get("HOME")
+    for root in roots:
+        if (why := unsafe_workdir(root, home)) is not None:
+            raise SandboxError(why)
     seen = tuple(dict.fromkeys(os.path.abspath(r) for r in readable if os.path.abspath(r) not in roots))
     perms = Permissions(network=False, writable_roots=roots, readable_roots=seen)
     chosen = "bwrap" if mode == "bwrap" else "bwrap (auto: bubblewrap works here)"
-    return ShellSandbox("bwrap", perms, f"sandbox: {chosen}; read-only root, writable {', '.join(roots)} and a private /tmp, no network")
+    note = f"sandbox: {chosen}; read-only root, writable {', '.join(roots)} and a private /tmp, no network"
+    return ShellSandbox("bwrap", perms, note, bwrap=find_bwrap(bwrap_dirs))

@@ -10,7 +10,9 @@ A session owns:
   ``EXECGATE_SOCKET_PATH``. Programs such as CPython's ``subprocess`` close inherited fds in their
   children, which would otherwise leave the grandchildren unable to reach the server. Each accepted
   connection whose peer uid (``SO_PEERCRED``, unix(7)) is the server's uid or root is served exactly
-  like a stream end received in a handshake.
+  like a stream end received in a handshake. A bwrap sandbox binds the directory back in
+  **read-only** (:mod:`execgate.server.sandbox`): connect(2) works there, unlink, rename and bind
+  do not, so nothing inside (root included) can stand a fake server at this path.
 * its concurrency (:class:`~execgate.server.escalation.Limits`): at most ``max_concurrent``
   decisions at once; further connections wait for a slot in arrival order (never refused for
   this); an escalated command gives its slot back once started. Only past ``max_connections``

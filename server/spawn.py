@@ -113,7 +113,8 @@ def spawn(
     """Start ``command`` in a new session with exactly ``env`` and ``cwd``.
 
     Args:
-        command: argv; ``command[0]`` is the path executed (no PATH search beyond execve's).
+        command: argv; ``command[0]`` is the absolute path executed: never searched on a PATH
+            (the env's PATH is the caller's, and a relative name would run its ``bwrap``).
             Strings are encoded with ``os.fsencode``; pass bytes to choose the exact bytes.
         env: the complete environment; nothing of the server's own is added.
         cwd: working directory.
@@ -123,12 +124,14 @@ def spawn(
         pass_fds: extra fds inherited under the same number (e.g. the session's client socket).
 
     Raises:
-        ValueError: empty command, a destination other than 0, 1, 2, a NUL byte in a string
-            or ``=`` in an env name.
+        ValueError: empty command, a relative ``command[0]``, a destination other than 0, 1, 2,
+            a NUL byte in a string or ``=`` in an env name.
         OSError: the exec failed (e.g. ``FileNotFoundError``, ``PermissionError``).
     """
     if not command:
         raise ValueError("empty command")
+    if not os.path.isabs(command[0]):
+        raise ValueError(f"command[0] must be an absolute path, got {command[0]!r}")
     stdio = dict(stdio or {})
     if set(stdio) - {0, 1, 2}:
         raise ValueError(f"only fds 0, 1, 2 can be set, got {sorted(stdio)}")

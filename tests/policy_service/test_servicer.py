@@ -163,19 +163,24 @@ async def test_prepared_sandbox_command_lines(service) -> None:
     session = pb.SessionContext(session_id="s-2", sandbox=pb.Permissions(network=True, writable_roots=["/tmp/s"]))
     async with service() as server:
         address = server.addresses[0]
-        perm = await prepare(address, target("/usr/bin/env", "-0"), pb.Execution(permissions=profile), session)
-        dflt = await prepare(address, target("/usr/bin/env"), pb.Execution(session_default=pb.SessionDefault()), session)
+        perm = await prepare(address, target("/usr/bin/env", "-0", workdir="/tmp/s/sub"), pb.Execution(permissions=profile), session)
+        dflt = await prepare(address, target("/usr/bin/env", workdir="/tmp/s"), pb.Execution(session_default=pb.SessionDefault()), session)
         bare = await prepare(address, target("/usr/bin/env"), pb.Execution(session_default=pb.SessionDefault()))
     cmd = list(perm.command)
-    assert cmd[0] == "bwrap" and cmd[-3:] == ["--", "/usr/bin/env", "-0"]
-    assert cmd[1:4] == ["--ro-bind", "/", "/"] and "--unshare-net" in cmd and "--die-with-parent" in cmd
-    assert "/tmp/w" in cmd[cmd.index("--bind-try") + 1:] and cmd[cmd.index("--chdir") + 1] == "/tmp"
+    # bwrap by the absolute path found at service start, never by a caller's PATH.
+    assert os.path.isabs(cmd[0]) and os.path.basename(cmd[0]) == "bwrap" and cmd[-3:] == ["--", "/usr/bin/env", "-0"]
+    i = cmd.index("--ro-bind")
+    assert cmd[i:i + 3] == ["--ro-bind", "/", "/"] and "--unshare-net" in cmd and "--die-with-parent" in cmd
+    # No capabilities, root included; a new terminal session.
+    assert {"--unshare-user", "--new-session", "--disable-userns"} <= set(cmd) and cmd[cmd.index("--cap-drop") + 1] == "ALL"
+    assert "/tmp/w" in cmd[cmd.index("--bind-try") + 1:] and cmd[cmd.index("--chdir") + 1] == "/tmp/s/sub"
     assert not perm.HasField("arg0") and "LD_PRELOAD" not in perm.env
     # A granted profile adds to what the session has: its own roots and the session's roots; the
-    # caller's working dir (/tmp) is a claim, not a grant, in a sandboxed session.
+    # caller's working dir is a claim, not a grant, in a sandboxed session: never bound by itself.
     assert [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--bind-try"] == ["/tmp/w", "/tmp/s"]
+    assert "/tmp/s/sub" not in cmd[:cmd.index("--chdir")]
     dcmd = list(dflt.command)
-    assert dcmd[0] == "bwrap" and "--unshare-net" not in dcmd and "/tmp/s" in dcmd
+    assert dcmd[0] == cmd[0] and "--unshare-net" not in dcmd and "/tmp/s" in dcmd
     # A session with no sandbox of its own: session_default is the plain program.
     assert list(bare.command) == ["/usr/bin/env"] and bare.arg0 == "env"
 
@@ -210,11 +215,13 @@ async def test_granted_profile_writes_the_working_dir_only_where_the_session_cou
     async with service() as server:
         address = server.addresses[0]
         elsewhere = await prepare(address, target("/usr/bin/env", workdir="/etc"), pb.Execution(permissions=profile), sandboxed)
-        free = await prepare(address, target("/usr/bin/env", workdir="/etc"), pb.Execution(permissions=profile), unconfined)
+        free = await prepare(address, target("/usr/bin/env", workdir="/srv/proj"), pb.Execution(permissions=profile), unconfined)
+        system = await prepare(address, target("/usr/bin/env", workdir="/"), pb.Execution(permissions=profile), unconfined)
 
     def binds(prepared: pb.PreparedExec) -> list[str]:
         cmd = list(prepared.command)
         return [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--bind-try"]
 
     assert binds(elsewhere) == ["/srv/ws"]  # `cd /etc; git clone …` cannot make /etc writable
-    assert binds(free) == ["/etc"]  # an unconfined shell could write /etc anyway
+    assert binds(free) == ["/srv/proj"]  # an unconfined shell could write there anyway
+    assert binds(system) == []  # but `cd /` never makes the whole file system writable

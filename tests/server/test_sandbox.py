@@ -1,4 +1,4 @@
-"""The shell sandbox: real bubblewrap, observed from inside."""
+"""The shell sandbox: real bubblewrap, observed from inside (as root when the suite runs as root)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,15 @@ import time
 import pytest
 
 from execgate.server.policy import Permissions
-from execgate.server.sandbox import SandboxError, bwrap_argv, bwrap_usable, choose_sandbox
+from execgate.server.sandbox import (
+    TRUSTED_BIN_DIRS,
+    SandboxError,
+    bwrap_argv,
+    bwrap_usable,
+    choose_sandbox,
+    find_bwrap,
+    unsafe_workdir,
+)
 
 pytestmark = pytest.mark.skipif(bwrap_usable() is not None, reason=f"bwrap unusable: {bwrap_usable()}")
 
@@ -46,7 +54,7 @@ def test_network_permission_keeps_network(short_tmp):
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     try:
-        argv = bwrap_argv(Permissions(network=True), cwd=str(short_tmp))
+        argv = bwrap_argv(Permissions(network=True, writable_roots=(str(short_tmp),)), cwd=str(short_tmp))
         probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3)"
         done = _run(argv + ["python3", "-c", probe])
     finally:
@@ -60,11 +68,10 @@ def test_none_mode_is_unconfined(short_tmp):
     assert sandbox.launch_argv(["sh", "-c", "true"], cwd=str(short_tmp)) == ["sh", "-c", "true"]
 
 
-def test_bwrap_missing_is_an_error_for_bwrap_and_a_fallback_for_auto(monkeypatch, short_tmp):
-    monkeypatch.setenv("PATH", str(short_tmp))
+def test_bwrap_missing_is_an_error_for_bwrap_and_a_fallback_for_auto(short_tmp):
     with pytest.raises(SandboxError, match="not found"):
-        choose_sandbox("bwrap", workdir=str(short_tmp))
-    auto = choose_sandbox("auto", workdir=str(short_tmp))
+        choose_sandbox("bwrap", workdir=str(short_tmp), bwrap_dirs=(str(short_tmp),))
+    auto = choose_sandbox("auto", workdir=str(short_tmp), bwrap_dirs=(str(short_tmp),))
     assert auto.mode == "none" and "not found" in auto.note
 
 
@@ -83,7 +90,8 @@ def _pids_with_cmdline(needle: bytes) -> list[int]:
 
 def test_killing_bwrap_kills_grandchildren_that_left_the_group(short_tmp):
     token = f"4{os.getpid()}.{time.monotonic_ns() % 100000}".encode()
-    argv = bwrap_argv(Permissions(), cwd=str(short_tmp)) + ["/bin/sh", "-c", f"setsid sleep {token.decode()} & wait"]
+    prefix = bwrap_argv(Permissions(writable_roots=(str(short_tmp),)), cwd=str(short_tmp))
+    argv = prefix + ["/bin/sh", "-c", f"setsid sleep {token.decode()} & wait"]
     proc = subprocess.Popen(argv)
     try:
         deadline = time.monotonic() + 20
@@ -97,3 +105,81 @@ def test_killing_bwrap_kills_grandchildren_that_left_the_group(short_tmp):
     while _pids_with_cmdline(b"sleep\0" + token) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _pids_with_cmdline(b"sleep\0" + token) == []
+
+
+def test_no_capabilities_no_new_privs_no_terminal_inside(short_tmp):
+    # As root too (the suite runs as root): bwrap alone would keep every capability.
+    sandbox = choose_sandbox("bwrap", workdir=str(short_tmp))
+    script = "grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status; cut -d' ' -f7 /proc/self/stat"
+    done = _run(sandbox.launch_argv(["/bin/sh", "-c", script], cwd=str(short_tmp)))
+    fields = dict(line.split(":\t") for line in done.stdout.splitlines() if ":\t" in line)
+    assert fields == {**{f"Cap{k}": "0" * 16 for k in ("Inh", "Prm", "Eff", "Bnd", "Amb")}, "NoNewPrivs": "1"}, done.stderr
+    assert done.stdout.splitlines()[-1] == "0"  # tty_nr (proc(5)): no controlling terminal
+
+
+def test_socket_dir_is_read_only_but_connectable(short_tmp):
+    work, sockdir = short_tmp / "w", short_tmp / "s"
+    work.mkdir()
+    sockdir.mkdir(mode=0o700)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sockdir / "s"))
+    listener.listen(1)
+    try:
+        sandbox = choose_sandbox("bwrap", workdir=str(work))
+        sock, moved = str(sockdir / "s"), str(work / "x")
+        probe = (f"import os, socket\nsocket.socket(socket.AF_UNIX).connect({sock!r}); print('connected')\n"
+                 f"for op in (lambda: os.unlink({sock!r}), lambda: os.rename({str(sockdir)!r}, {moved!r})):\n"
+                 "    try:\n        op(); print('changed')\n    except OSError as e:\n        print('refused', e.errno)\n")
+        done = _run(sandbox.launch_argv(["python3", "-c", probe], cwd=str(work), extra_binds=[str(sockdir)]))
+    finally:
+        listener.close()
+    assert done.stdout.split("\n")[0] == "connected", done.stderr
+    assert "changed" not in done.stdout and done.stdout.count("refused") == 2, done.stdout
+    assert (sockdir / "s").exists()
+
+
+def test_socket_dir_inside_a_writable_root_is_refused(short_tmp):
+    # Its parent could be renamed away and replaced from inside.
+    with pytest.raises(SandboxError, match="overlaps a writable root"):
+        bwrap_argv(Permissions(writable_roots=(str(short_tmp),)), cwd=str(short_tmp), extra_binds=[str(short_tmp / "s")])
+
+
+def test_bwrap_is_found_in_trusted_dirs_only(monkeypatch, short_tmp):
+    fake = short_tmp / "bwrap"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{short_tmp}:{os.environ['PATH']}")
+    found = find_bwrap()
+    assert found is not None and found != str(fake) and os.path.dirname(found) in TRUSTED_BIN_DIRS
+    # A bwrap in a directory others can write is no launcher, even when listed.
+    short_tmp.chmod(0o777)
+    assert find_bwrap([str(short_tmp)]) is None
+    with pytest.raises(SandboxError, match="absolute"):
+        bwrap_argv(Permissions(writable_roots=(str(short_tmp),)), cwd=str(short_tmp), bwrap="bwrap")
+
+
+def test_start_dir_is_never_bound_by_itself(short_tmp):
+    with pytest.raises(SandboxError, match="not visible"):
+        bwrap_argv(Permissions(), cwd=str(short_tmp))  # under the private /tmp, no root covers it
+    argv = bwrap_argv(Permissions(), cwd="/usr")  # visible read-only as part of /
+    assert "/usr" not in argv[:argv.index("--chdir")]
+
+
+@pytest.mark.parametrize("path", ["/", "/tmp", "/proc", "/proc/1", "/dev/shm", "/run/user", "/sys", "/etc", "/usr", "/lib64"])
+def test_system_dirs_are_not_workdirs(path):
+    assert unsafe_workdir(path, home="/home/x") is not None
+    with pytest.raises(SandboxError, match="system directory"):
+        choose_sandbox("bwrap", workdir=path)
+
+
+def test_home_and_project_dirs_are_workdirs(short_tmp):
+    assert unsafe_workdir("/root", home="/root") is None
+    assert unsafe_workdir(str(short_tmp), home="/root") is None
+    assert unsafe_workdir("/usr/src/project", home=None) is None
+
+
+def test_spawn_refuses_a_relative_command():
+    from execgate.server.spawn import spawn
+
+    with pytest.raises(ValueError, match="absolute"):
+        spawn(["true"], env={"PATH": "/usr/bin:/bin"}, cwd="/")

@@ -1,0 +1,317 @@
+"""Attacks on the sandbox boundary (issue #9, classes 1, 2, 6, 7), run for real as root and as an
+unprivileged user: ``execgate run --sandbox bwrap`` as a subprocess, real bubblewrap, real shells.
+
+* a fake ``bwrap`` on the caller's PATH never launches an escalated command (absolute launcher);
+* root inside the shell's sandbox, or inside an escalated one, has no capability: it cannot
+  remount ``/`` read-write, write a root-owned file outside its roots, unmount the private ``/tmp``,
+  write a sysctl, or reach the host's service sockets in ``/run``;
+  no_new_privs is set; no terminal to push input into (``TIOCSTI``);
+* an escalated sandbox never sees the host's ``/proc`` or ``/tmp`` through the caller's working
+  directory; a working directory in the session's private ``/tmp`` is refused with a clear message;
+  ``execgate run`` refuses a system directory as its working directory;
+* the fallback socket cannot be replaced by a fake server from inside the sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from execgate.server.sandbox import bwrap_usable
+
+pytestmark = pytest.mark.skipif(bwrap_usable() is not None, reason=f"bwrap unusable: {bwrap_usable()}")
+
+#: Escalates ``dash`` into a sandbox profile (network on): every ``dash -c`` below runs in an
+#: escalated bwrap that the policy service prepared.
+ESCALATE_DASH = """
+default = "run"
+
+[[rule]]
+id = "dash-escalated"
+program = "dash"
+decision = "escalate"
+execution = { network = true }
+"""
+
+#: Run by root or the user inside a sandbox: capabilities, and the classic ways out.
+BREAKOUT = """
+grep -E '^(CapEff|CapBnd|NoNewPrivs):' /proc/self/status
+mount -o remount,rw / 2>/dev/null; echo "remount=$?"
+echo pwned 2>/dev/null >> {target}; echo "write=$?"
+umount -l /tmp 2>/dev/null || umount /tmp 2>/dev/null; echo "umount=$?"
+cat {secret} 2>/dev/null; echo "host-tmp-read=$?"
+v=$(cat /proc/sys/kernel/core_pattern); printf '%s\n' "$v" 2>/dev/null > /proc/sys/kernel/core_pattern; echo "sysctl=$?"
+"""
+
+
+@pytest.fixture
+def outside():
+    """A root-owned directory outside every session root (mode 0755), removed afterwards: rules
+    files live here (a session must not edit them), and the root-owned target file."""
+    path = Path(tempfile.mkdtemp(prefix="eg-out-", dir="/var/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def host_secret():
+    """A file in the host's /tmp (readable by all): a sandbox sees only its private /tmp."""
+    token = f"host-secret-{uuid.uuid4().hex}"
+    path = Path(f"/tmp/eg-secret-{uuid.uuid4().hex[:8]}")
+    path.write_text(token + "\n")
+    path.chmod(0o644)
+    try:
+        yield path, token
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _rules(directory: Path, text: str) -> Path:
+    path = directory / "rules.toml"
+    path.write_text(text)
+    path.chmod(0o644)
+    return path
+
+
+def _run(attacker, script: str, *extra: str, cwd: Path | None = None):
+    return attacker.execgate("run", "-q", "--sandbox", "bwrap", *extra, "--", script,
+                             cwd=cwd or attacker.workdir())
+
+
+def _assert_confined(out: str, target: Path, secret: str) -> None:
+    assert "CapEff:\t0000000000000000" in out and "CapBnd:\t0000000000000000" in out, out
+    assert "NoNewPrivs:\t1" in out, out
+    assert "remount=0" not in out and "umount=0" not in out, out
+    assert "write=0" not in out and target.read_text() == "original\n"
+    assert secret not in out and "host-tmp-read=0" not in out, out
+    # Root's uid is the host's uid 0 even in a user namespace: sysctls (core_pattern names a program
+    # the kernel runs as host root) must be read-only. The value written is the current one.
+    assert "sysctl=" in out and "sysctl=0" not in out, out
+
+
+# ------------------------------------------------------------------ 1: absolute launcher
+
+
+def test_fake_bwrap_on_path_never_launches_an_escalation(attacker, outside):
+    rules = _rules(outside, ESCALATE_DASH)
+    work = attacker.workdir()
+    fake = work / "fake"
+    fake.mkdir()
+    os.chown(fake, attacker.uid, attacker.gid)
+    attacker.marker_program(fake, "bwrap")
+    script = f'export PATH="{fake}:$PATH"; dash -c "echo escalated-ok"; echo "status=$?"'
+    done = _run(attacker, script, "--rules", str(rules))
+    assert not attacker.marker_ran("bwrap"), done.stdout + done.stderr
+    # Control: the escalation itself ran, under the real bwrap.
+    assert "escalated-ok" in done.stdout and "status=0" in done.stdout, done.stderr
+
+
+# ------------------------------------------------------------------ 2: bwrap confines root too
+
+
+def test_shell_sandbox_has_no_capabilities_and_no_way_out(attacker, outside, host_secret):
+    target = outside / "root-owned"
+    target.write_text("original\n")
+    target.chmod(0o644)
+    path, token = host_secret
+    done = _run(attacker, BREAKOUT.format(target=target, secret=path))
+    _assert_confined(done.stdout, target, token)
+
+
+def test_escalated_sandbox_has_no_capabilities_and_no_way_out(attacker, outside, host_secret):
+    rules = _rules(outside, ESCALATE_DASH)
+    target = outside / "root-owned"
+    target.write_text("original\n")
+    target.chmod(0o644)
+    path, token = host_secret
+    inner = BREAKOUT.format(target=target, secret=path).replace("'", "'\\''")
+    done = _run(attacker, f"dash -c '{inner}'", "--rules", str(rules))
+    assert "remount=" in done.stdout, done.stderr  # the escalated dash ran
+    _assert_confined(done.stdout, target, token)
+
+
+def test_host_service_sockets_in_run_are_out_of_reach(attacker, outside):
+    # docker.sock, systemd's private socket, /run/user/UID/bus: a socket the attacker may write
+    # (root-owned for root, which is uid 0 to the host even in a user namespace; its own for the
+    # user) in /run. connect(2) needs only that, read-only mount or not.
+    rules = _rules(outside, ESCALATE_DASH)
+    path = f"/run/eg-svc-{uuid.uuid4().hex[:8]}.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    try:
+        os.chown(path, attacker.uid, attacker.gid)
+        os.chmod(path, 0o600)
+        listener.listen(8)
+        probe = f"import socket; socket.socket(socket.AF_UNIX).connect({path!r}); print('connected')"
+        script = f'python3 -c "{probe}"; echo "shell=$?"; dash -c \'python3 -c "{probe}"; echo "escalated=$?"\''
+        done = _run(attacker, script, "--rules", str(rules))
+        listener.setblocking(False)
+        reached = True  # a connection would wait in the backlog
+        try:
+            listener.accept()[0].close()
+        except BlockingIOError:
+            reached = False
+    finally:
+        listener.close()
+        os.unlink(path)
+    assert not reached and "connected" not in done.stdout, done.stdout + done.stderr
+    assert "shell=1" in done.stdout and "escalated=1" in done.stdout, done.stdout + done.stderr
+
+
+#: Run as the attacker: a pseudo-terminal as the controlling terminal of a bwrap sandbox (the
+#: session's own argv), inside which a program pushes input into the terminal with TIOCSTI.
+_TIOCSTI_HARNESS = r"""
+import os, pty, sys
+from execgate.server.sandbox import choose_sandbox
+
+work = sys.argv[1]
+inject = (
+    "import fcntl, os, termios\n"
+    "res = []\n"
+    "for name in ('tty', 'stdin'):\n"
+    "    try:\n"
+    "        fd = os.open('/dev/tty', os.O_RDWR) if name == 'tty' else 0\n"
+    "        fcntl.ioctl(fd, termios.TIOCSTI, b'x')\n"
+    "        res.append(name + '=injected')\n"
+    "    except OSError as e:\n"
+    "        res.append(name + '=errno' + str(e.errno))\n"
+    "print(' '.join(res), flush=True)\n"
+)
+argv = choose_sandbox("bwrap", workdir=work).launch_argv(
+    [os.path.realpath(sys.executable), "-c", inject], cwd=work)
+pid, master = pty.fork()
+if pid == 0:
+    os.execv(argv[0], argv)
+out = b""
+while True:
+    try:
+        chunk = os.read(master, 4096)
+    except OSError:
+        break
+    if not chunk:
+        break
+    out += chunk
+os.waitpid(pid, 0)
+print(out.decode(errors="replace"))
+"""
+
+
+def test_no_terminal_to_inject_into(attacker):
+    done = attacker.run([sys.executable, "-c", _TIOCSTI_HARNESS, str(attacker.workdir())])
+    assert "stdin=errno" in done.stdout, done.stdout + done.stderr  # the injection was tried
+    assert "=injected" not in done.stdout, done.stdout
+
+
+# ------------------------------------------------------------------ 6: only the session's roots
+
+
+def test_escalation_from_proc_never_sees_the_host_process_table(attacker, outside):
+    rules = _rules(outside, ESCALATE_DASH)
+    token = f"3600.{uuid.uuid4().int % 10**9}"
+    host = subprocess.Popen(["sleep", token])
+    try:
+        script = "cd /proc && dash -c 'cat /proc/[0-9]*/cmdline | tr \"\\0\" \" \"'; echo \"status=$?\""
+        done = _run(attacker, script, "--rules", str(rules))
+    finally:
+        host.kill()
+        host.wait()
+    assert token not in done.stdout, "the host's process table was visible"  # (not printed: host data)
+    assert "exists only inside this session's sandbox" in done.stderr, done.stderr
+
+
+def test_escalation_from_tmp_never_sees_the_host_tmp(attacker, outside, host_secret):
+    rules = _rules(outside, ESCALATE_DASH)
+    path, token = host_secret
+    done = _run(attacker, f"cd /tmp && dash -c 'cat {path}'; echo \"status=$?\"", "--rules", str(rules))
+    assert token not in done.stdout, done.stdout
+    assert "exists only inside this session's sandbox" in done.stderr, done.stderr
+
+
+def test_escalation_from_a_private_tmp_directory_says_so(attacker, outside):
+    rules = _rules(outside, ESCALATE_DASH)
+    script = 'cd "$(mktemp -d)" && dash -c "echo escalated-ok"; echo "status=$?"; cd ~- && dash -c "echo from-root-ok"'
+    done = _run(attacker, script, "--rules", str(rules))
+    assert "escalated-ok" not in done.stdout and "status=1" in done.stdout, done.stdout + done.stderr
+    assert "its private /tmp" in done.stderr and f"cd to {attacker.workdir()}" in done.stderr, done.stderr
+    assert "from-root-ok" in done.stdout, done.stderr  # control: from the session's root it runs
+
+
+@pytest.mark.parametrize("system_dir", ["/", "/tmp", "/proc", "/etc"])
+def test_system_directory_is_never_the_working_directory(attacker, system_dir):
+    pwned = Path(system_dir) / f"eg-pwned-{uuid.uuid4().hex[:8]}"
+    try:
+        done = attacker.execgate("run", "--sandbox", "bwrap", "--cwd", system_dir, "--",
+                                 f"touch {pwned}; echo ran", cwd=attacker.workdir())
+        assert done.returncode == 2 and "system directory" in done.stderr, done.stdout + done.stderr
+        assert "ran" not in done.stdout and not pwned.exists()
+    finally:
+        if system_dir != "/proc":
+            pwned.unlink(missing_ok=True)
+
+
+def test_home_is_a_working_directory(attacker):
+    done = attacker.execgate("run", "-q", "--sandbox", "bwrap", "--cwd", attacker.home, "--", "pwd",
+                             cwd=attacker.workdir())
+    assert done.returncode == 0 and done.stdout.strip() == attacker.home, done.stderr
+
+
+# ------------------------------------------------------------------ 7: the fallback socket
+
+#: A fake escalation server that answers Run to every request: 4-byte little-endian length + JSON
+#: (execgate.server.protocol); it touches READY once listening.
+_FAKE_SERVER = r"""
+import socket, struct, sys
+path, ready = sys.argv[1], sys.argv[2]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(path)
+s.listen(8)
+open(ready, "w").close()
+while True:
+    c, _ = s.accept()
+    (n,) = struct.unpack("<I", c.recv(4, socket.MSG_WAITALL))
+    c.recv(n, socket.MSG_WAITALL)
+    body = b'{"action":"Run"}'
+    c.sendall(struct.pack("<I", len(body)) + body)
+    c.close()
+"""
+
+
+def test_fallback_socket_cannot_be_replaced_by_a_fake_server(attacker, outside):
+    work = attacker.workdir()
+    bindir = work / "bin"
+    bindir.mkdir()
+    os.chown(bindir, attacker.uid, attacker.gid)
+    marker = attacker.marker_program(bindir, "pwned")
+    rules = _rules(outside, f'default = "run"\n\n[[rule]]\nid = "no-pwned"\nprogram = "{marker}"\ndecision = "deny"\n')
+    fake = outside / "fake_server.py"
+    fake.write_text(_FAKE_SERVER)
+    fake.chmod(0o644)
+    ready = work / "ready"
+    # Replace the socket (or its directory) with a fake server, then exec the denied marker from a
+    # child that lost CODEX_ESCALATE_SOCKET (close_fds): its wrapper uses EXECGATE_SOCKET_PATH.
+    script = f"""
+S="$EXECGATE_SOCKET_PATH"; D="${{S%/*}}"
+rm -f "$S" 2>/dev/null; echo "rm=$?"
+mv "$D" "$D.old" 2>/dev/null && mkdir "$D"; echo "mv=$?"
+python3 {fake} "$S" {ready} 2>/dev/null &
+while [ ! -e {ready} ] && kill -0 $! 2>/dev/null; do sleep 0.1; done
+python3 -c 'import subprocess; subprocess.run(["{marker}"], close_fds=True)'
+python3 -c 'import subprocess; subprocess.run(["/bin/echo", "fallback-ok"], close_fds=True)'
+kill $! 2>/dev/null
+"""
+    done = _run(attacker, script, "--rules", str(rules))
+    assert not attacker.marker_ran("pwned"), done.stdout + done.stderr
+    assert "rm=0" not in done.stdout and "mv=0" not in done.stdout, done.stdout
+    # Control: the real server answered through the fallback path (echo allowed, marker denied).
+    assert "fallback-ok" in done.stdout and "Execution denied" in done.stderr, done.stdout + done.stderr
