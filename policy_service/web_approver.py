@@ -178,7 +178,9 @@ class PendingFeed:
             while True:
                 stream = self.stub.WatchPending(apb.WatchPendingRequest(approver=self.name), metadata=self.metadata)
                 try:
-                    await stream.wait_for_connection()
+                    # The service sends nothing on the stream until a request is pending, so a
+                    # ListPending answer is what shows the service is there and takes our token.
+                    await self.stub.ListPending(apb.ListPendingRequest(), timeout=10, metadata=self.metadata)
                     self._set_connected(True)
                     async for pending in stream:
                         self._seen_at[pending.request_id] = asyncio.get_running_loop().time()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import urllib.error
@@ -102,11 +103,13 @@ def browser() -> Iterator[webdriver.Chrome]:
         driver.quit()
 
 
-def _session(stack: Stack, marker: Path) -> subprocess.Popen[str]:
-    """``execgate run`` whose script asks to touch ``marker`` (a prompt) and prints the status."""
-    script = f"touch {marker}; echo status=$?"
+def _session(stack: Stack, marker: Path, *, times: int = 1) -> subprocess.Popen[str]:
+    """``execgate run`` whose script asks ``times`` times to touch ``marker`` (a prompt each, unless
+    approved for the session) and prints the last status."""
+    script = "; ".join([shlex.join(["touch", str(marker)])] * times) + "; echo status=$?"
     return subprocess.Popen(
-        [*CLI, "run", "--policy", stack.address, "--sandbox", "bwrap", "--cwd", str(stack.work), "-q", "--", script],
+        [*CLI, "run", "--policy", stack.address, "--sandbox", "bwrap", "--cwd", str(stack.work), "-q",
+         "--label", "agent=reviewer", "--", script],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
@@ -133,7 +136,7 @@ def _pending_card(browser: webdriver.Chrome, marker: Path) -> WebElement:
     card = WebDriverWait(browser, WAIT_S).until(
         ec.presence_of_element_located((By.CSS_SELECTOR, "article.request[data-request-id]"))
     )
-    assert card.find_element(By.CSS_SELECTOR, ".command").text == f"touch {marker}"
+    assert card.find_element(By.CSS_SELECTOR, ".command").text == shlex.join(["touch", str(marker)])
     return card
 
 
@@ -158,6 +161,7 @@ def test_a_click_approves_and_the_command_escalates(stack: Stack, browser: webdr
         assert card.find_element(By.CSS_SELECTOR, ".rule").text == "ask-touch"
         assert card.find_element(By.CSS_SELECTOR, ".justification").text == "touching files needs a person"
         assert card.find_element(By.CSS_SELECTOR, ".execution").text == "unsandboxed"
+        assert card.find_element(By.CSS_SELECTOR, ".labels").text == "(agent=reviewer)"
         _save_screenshot(browser, tmp_path)
         card.find_element(By.CSS_SELECTOR, "button.approve-once").click()
     finally:
@@ -182,6 +186,36 @@ def test_deny_with_a_reason_reaches_the_session(stack: Stack, browser: webdriver
         out, err = _finish(session)
     assert out == "status=1\n"
     assert err == "Execution denied: not from a browser on a friday\n"
+    assert not marker.exists()
+
+
+def test_approve_for_the_session_covers_the_identical_request_after(stack: Stack, browser: webdriver.Chrome):
+    marker = Path(f"{stack.work.parent}/outside-session")
+    _log_in(browser, stack)
+    session = _session(stack, marker, times=2)
+    try:
+        _pending_card(browser, marker).find_element(By.CSS_SELECTOR, "button.approve-session").click()
+    finally:
+        out, err = _finish(session)
+    assert out == "status=0\n", err
+    assert marker.exists()
+    touches = [r for r in audit_records(stack.audit_log) if r["argv"][0] == "touch"]
+    assert [(r["decision"], r["approver"]) for r in touches] == [("escalate", "e2e-browser (web)")] * 2
+    assert touches[1]["reason"] == "approved earlier for this session"
+
+
+def test_request_data_is_shown_as_text_never_as_html(stack: Stack, browser: webdriver.Chrome):
+    """The hostile script chooses argv: markup in it must not become elements of the approver's page."""
+    marker = Path(f"{stack.work.parent}/<img id=xss src=x onerror=alert(1)><b class=xss>bold</b>")
+    _log_in(browser, stack)
+    session = _session(stack, marker)
+    try:
+        card = _pending_card(browser, marker)  # the markup is there, verbatim, as text
+        assert browser.find_elements(By.ID, "xss") == [] and browser.find_elements(By.CSS_SELECTOR, "b.xss") == []
+        card.find_element(By.CSS_SELECTOR, "button.deny").click()
+    finally:
+        out, err = _finish(session)
+    assert out == "status=1\n" and err == "Execution denied: denied by approver\n"
     assert not marker.exists()
 
 
