@@ -27,6 +27,7 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
+from execgate.v1 import approvals_pb2 as apb
 from run_support import CLI, audit_records, write_rules
 from test_run_approve import _stop, _wait_healthy
 
@@ -140,6 +141,21 @@ def _pending_card(browser: webdriver.Chrome, marker: Path) -> WebElement:
     return card
 
 
+def _check_env_shown(browser: webdriver.Chrome, stack: Stack, card: WebElement) -> None:
+    """The page shows the variables that reach the command exactly when the service sends them
+    (``PendingApproval.env``, in protos whose version has it)."""
+    cookie = f"execgate_web={browser.get_cookie('execgate_web')['value']}"
+    status, body = _http(stack.url + "api/pending", cookie=cookie)
+    assert status == 200
+    env = json.loads(body)["pending"][0]["env"]
+    rows = card.find_elements(By.CSS_SELECTOR, "table.env tr")
+    if "env" in apb.PendingApproval.DESCRIPTOR.fields_by_name:
+        assert isinstance(env, dict)
+        assert [tuple(r.find_elements(By.TAG_NAME, "td")[i].text for i in (0, 1)) for r in rows] == list(env.items())
+    else:
+        assert env is None and rows == [] and card.find_elements(By.CSS_SELECTOR, ".env-title") == []
+
+
 def _save_screenshot(browser: webdriver.Chrome, tmp_path: Path) -> None:
     shot = tmp_path / "web_approver.png"
     assert browser.save_screenshot(str(shot))
@@ -162,6 +178,7 @@ def test_a_click_approves_and_the_command_escalates(stack: Stack, browser: webdr
         assert card.find_element(By.CSS_SELECTOR, ".justification").text == "touching files needs a person"
         assert card.find_element(By.CSS_SELECTOR, ".execution").text == "unsandboxed"
         assert card.find_element(By.CSS_SELECTOR, ".labels").text == "(agent=reviewer)"
+        _check_env_shown(browser, stack, card)
         _save_screenshot(browser, tmp_path)
         card.find_element(By.CSS_SELECTOR, "button.approve-once").click()
     finally:
@@ -225,7 +242,8 @@ def _http(url: str, *, cookie: str = "", data: bytes | None = None, headers: dic
     opener = urllib.request.build_opener(_NoRedirect)
     try:
         with opener.open(request, timeout=30) as reply:
-            return reply.status, reply.read(4096).decode()
+            streaming = reply.headers.get("Content-Type", "").startswith("text/event-stream")
+            return reply.status, (reply.read1(65536) if streaming else reply.read()).decode()  # a stream never ends
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
 
