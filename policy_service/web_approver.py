@@ -18,7 +18,8 @@ The login token comes from ``--web-token-file`` or, without it, is made up at st
 with the URL. Tokens are compared in constant time (:func:`hmac.compare_digest`); the cookie holds
 an HMAC of a per-process nonce under the token, not the token, and dies with the process.
 
-Only while at least one page listens does the approver watch ``WatchPending``: a connected watcher
+The requests come from :class:`~execgate.policy_service.web_feed.PendingFeed`. Only while at least
+one page listens does the approver watch ``WatchPending``: a connected watcher
 counts as an available approver (``policy serve --approver-wait``), so with no page open prompts
 are denied as unattended instead of waiting for nobody. Requests answered elsewhere or expired are
 found by polling ``ListPending`` (the stream only announces new requests).
@@ -27,7 +28,6 @@ found by polling ``ListPending`` (the stream only announces new requests).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import importlib.resources
@@ -35,22 +35,18 @@ import json
 import logging
 import os
 import secrets
-import shlex
 import socket
 import ssl
-from typing import Any, AsyncIterator, Callable
+from typing import Callable
 
 import grpc
 from aiohttp import web
 
-from execgate.v1 import approvals_pb2 as apb
-from execgate.v1 import approvals_pb2_grpc
+from execgate.policy_service.web_feed import VERDICTS, PendingFeed
 
 log = logging.getLogger(__name__)
 
 COOKIE = "execgate_web"
-_VERDICTS = {"once": apb.VERDICT_APPROVE_ONCE, "session": apb.VERDICT_APPROVE_FOR_SESSION, "deny": apb.VERDICT_DENY}
-_SAID = {"once": "approved once", "session": "approved for the session", "deny": "denied"}
 #: Headers on every answer. The page loads nothing from elsewhere (no CDN) and shows request data
 #: as text only; no-referrer keeps a ``?token=`` URL out of Referer headers.
 _HEADERS = {
@@ -60,173 +56,6 @@ _HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
-
-
-def _execution_text(pending: apb.PendingApproval) -> str:
-    kind = pending.execution.WhichOneof("kind")
-    if kind == "permissions":
-        p = pending.execution.permissions
-        return (f"sandboxed (network {'on' if p.network else 'off'}; writable: "
-                f"{', '.join(p.writable_roots) or 'none'})")
-    return {"unsandboxed": "unsandboxed", "session_default": "in the session's sandbox"}.get(kind or "", "unknown")
-
-
-def _env_of(pending: apb.PendingApproval) -> dict[str, str] | None:
-    """The variables that reach the command, if this version of the proto carries them (``env``)."""
-    if "env" not in pending.DESCRIPTOR.fields_by_name:
-        return None
-    value = getattr(pending, "env")
-    return {str(k): str(v) for k, v in sorted(value.items())} if hasattr(value, "items") else None
-
-
-def pending_to_json(pending: apb.PendingApproval) -> dict[str, Any]:
-    """The request as the page shows it (JSON-ready; ``env`` is None when the proto has no such field)."""
-    target, session = pending.target, pending.session
-    return {
-        "id": pending.request_id,
-        "program": target.program,
-        "argv": list(target.argv),
-        "command": shlex.join(target.argv),
-        "cwd": target.workdir,
-        "session": session.session_id,
-        "labels": dict(sorted(session.labels.items())),
-        "sandboxed": session.HasField("sandbox"),
-        "rule": pending.rule_id,
-        "justification": pending.reason,
-        "execution": _execution_text(pending),
-        "seconds_left": round(pending.seconds_left, 1),
-        "env": _env_of(pending),
-    }
-
-
-class PendingFeed:
-    """A mirror of the service's pending requests for the pages that listen.
-
-    Args:
-        channel: open channel to the policy service (not closed here).
-        name: approver name for the audit log.
-        metadata: call metadata (the service's bearer token).
-        poll_s: seconds between ``ListPending`` checks for requests that went away.
-        linger_s: seconds the watch stays up after the last page left (survives a reload).
-    """
-
-    def __init__(self, channel: grpc.aio.Channel, *, name: str, metadata: tuple[tuple[str, str], ...] = (),
-                 poll_s: float = 1.0, linger_s: float = 5.0) -> None:
-        self.stub = approvals_pb2_grpc.ApprovalsStub(channel)
-        self.name, self.metadata, self.poll_s, self.linger_s = name, metadata, poll_s, linger_s
-        self.pending: dict[str, dict[str, Any]] = {}
-        self.connected = False
-        self._seen_at: dict[str, float] = {}  # loop time each request arrived (for the poll race)
-        self._listeners: set[asyncio.Queue[tuple[str, Any] | None]] = set()
-        self._watch: asyncio.Task[None] | None = None
-        self._stopper: asyncio.TimerHandle | None = None
-
-    def snapshot(self) -> list[dict[str, Any]]:
-        """Every pending request, oldest first."""
-        return list(self.pending.values())
-
-    @contextlib.asynccontextmanager
-    async def listen(self) -> AsyncIterator[asyncio.Queue[tuple[str, Any] | None]]:
-        """Receive ``(event, data)`` pairs while inside; None means the server is stopping."""
-        queue: asyncio.Queue[tuple[str, Any] | None] = asyncio.Queue()
-        queue.put_nowait(("status", {"connected": self.connected}))
-        queue.put_nowait(("snapshot", self.snapshot()))
-        self._listeners.add(queue)
-        if self._stopper is not None:
-            self._stopper.cancel()
-            self._stopper = None
-        if self._watch is None or self._watch.done():
-            self._watch = asyncio.ensure_future(self._run())
-        try:
-            yield queue
-        finally:
-            self._listeners.discard(queue)
-            if not self._listeners:
-                self._stopper = asyncio.get_running_loop().call_later(self.linger_s, self._stop_watch)
-
-    def close(self) -> None:
-        """Stop watching and tell every listener to finish."""
-        for queue in self._listeners:
-            queue.put_nowait(None)
-        self._stop_watch()
-
-    def _stop_watch(self) -> None:
-        self._stopper = None
-        if self._watch is not None:
-            self._watch.cancel()
-        self.pending.clear()
-        self._seen_at.clear()
-
-    def _send(self, event: str, data: Any) -> None:
-        for queue in self._listeners:
-            queue.put_nowait((event, data))
-
-    def _drop(self, request_id: str, why: str) -> None:
-        self._seen_at.pop(request_id, None)
-        if self.pending.pop(request_id, None) is not None:
-            self._send("gone", {"id": request_id, "why": why})
-
-    def _set_connected(self, connected: bool) -> None:
-        if connected != self.connected:
-            self.connected = connected
-            self._send("status", {"connected": connected})
-
-    async def _run(self) -> None:
-        """Watch (reconnecting every second after a failure) and poll until cancelled."""
-        poller = asyncio.ensure_future(self._poll())
-        try:
-            while True:
-                stream = self.stub.WatchPending(apb.WatchPendingRequest(approver=self.name), metadata=self.metadata)
-                try:
-                    # The service sends nothing on the stream until a request is pending, so a
-                    # ListPending answer is what shows the service is there and takes our token.
-                    await self.stub.ListPending(apb.ListPendingRequest(), timeout=10, metadata=self.metadata)
-                    self._set_connected(True)
-                    async for pending in stream:
-                        self._seen_at[pending.request_id] = asyncio.get_running_loop().time()
-                        self.pending[pending.request_id] = item = pending_to_json(pending)
-                        self._send("pending", item)
-                    log.warning("the policy service closed the WatchPending stream")
-                except grpc.aio.AioRpcError as exc:
-                    log.warning("WatchPending: %s: %s", exc.code().name, exc.details())
-                finally:
-                    stream.cancel()
-                self._set_connected(False)
-                for request_id in list(self.pending):  # a closed stream no longer counts us: nothing is ours
-                    self._drop(request_id, "lost the connection to the policy service")
-                await asyncio.sleep(1.0)
-        finally:
-            poller.cancel()
-            self._set_connected(False)
-
-    async def _poll(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(self.poll_s)
-            asked_at = loop.time()
-            try:
-                reply = await self.stub.ListPending(apb.ListPendingRequest(), timeout=10, metadata=self.metadata)
-            except grpc.aio.AioRpcError:
-                continue  # the watch reports the failure
-            still = {p.request_id for p in reply.pending}
-            for request_id, seen in list(self._seen_at.items()):
-                # A request that arrived after the question may legitimately be missing from the answer.
-                if request_id not in still and seen < asked_at:
-                    self._drop(request_id, "answered elsewhere or expired")
-
-    async def resolve(self, request_id: str, verdict: str, reason: str) -> tuple[int, str]:
-        """Answer one request; returns (HTTP status, message)."""
-        request = apb.ResolveApprovalRequest(request_id=request_id, verdict=_VERDICTS[verdict], reason=reason,
-                                             approver=self.name)
-        try:
-            await self.stub.ResolveApproval(request, timeout=10, metadata=self.metadata)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.NOT_FOUND:
-                self._drop(request_id, "answered elsewhere or expired")
-                return 404, exc.details() or "no such pending request"
-            return 502, f"{exc.code().name}: {exc.details()}"
-        self._drop(request_id, _SAID[verdict] + (f": {reason}" if reason else ""))
-        return 200, _SAID[verdict]
 
 
 class TokenGate:
@@ -268,95 +97,103 @@ async def _headers(request: web.Request, handler: Callable) -> web.StreamRespons
     return response
 
 
-def make_app(feed: PendingFeed, gate: TokenGate, *, secure: bool = False) -> web.Application:
-    """The aiohttp application (routes in the module docstring); ``secure`` marks the cookie Secure (TLS)."""
-    pages = {name: _asset(name) for name in ("index.html", "login.html", "app.js", "style.css")}
-    types = {"js": "text/javascript", "css": "text/css", "html": "text/html"}
+class ApprovalPage:
+    """The HTTP side: routes in the module docstring, every answer with :data:`_HEADERS`.
 
-    def page(name: str, status: int = 200, error: str = "") -> web.Response:
-        body = pages[name].replace(b"<!--error-->", error.encode())  # fixed texts only, never input
-        return web.Response(body=body, status=status, content_type=types[name.rsplit(".", 1)[1]], charset="utf-8")
+    Args:
+        feed: the pending requests and the way to answer them.
+        gate: the login token check.
+        secure: served over TLS (the cookie is then marked Secure).
+    """
 
-    def login(given: str) -> web.StreamResponse:
-        if not gate.token_ok(given):
-            return page("login.html", 401, "Wrong token.")
-        response = web.Response(status=303, headers={"Location": "/"})
-        response.set_cookie(COOKIE, gate.cookie_value, httponly=True, samesite="Strict", secure=secure, path="/")
+    def __init__(self, feed: PendingFeed, gate: TokenGate, *, secure: bool = False) -> None:
+        self.feed, self.gate, self.secure = feed, gate, secure
+        self.assets = {name: _asset(name) for name in ("index.html", "login.html", "app.js", "style.css")}
+
+    def app(self) -> web.Application:
+        """A new aiohttp application serving this page."""
+        app = web.Application(middlewares=[_headers])
+        app.router.add_get("/", self.index)
+        app.router.add_post("/login", self.login_form)
+        app.router.add_post("/logout", self.logout)
+        app.router.add_get(r"/static/{name:(app\.js|style\.css)}", self.static)
+        app.router.add_get("/events", self.events)
+        app.router.add_get("/api/pending", self.pending)
+        app.router.add_post("/api/resolve", self.resolve)
+        app.on_shutdown.append(self._shutdown)
+        return app
+
+    def _page(self, name: str, status: int = 200, error: str = "") -> web.Response:
+        body = self.assets[name].replace(b"<!--error-->", error.encode())  # fixed texts only, never input
+        kind = {"js": "text/javascript", "css": "text/css", "html": "text/html"}[name.rsplit(".", 1)[1]]
+        return web.Response(body=body, status=status, content_type=kind, charset="utf-8")
+
+    def _login(self, given: str) -> web.Response:
+        if not self.gate.token_ok(given):
+            return self._page("login.html", 401, "Wrong token.")
+        response = web.Response(status=303, headers={"Location": "/"})  # the token leaves the address bar
+        response.set_cookie(COOKIE, self.gate.cookie_value, httponly=True, samesite="Strict", secure=self.secure,
+                            path="/")
         return response
 
-    def require(request: web.Request) -> None:
-        if not gate.cookie_ok(request):
+    def _require(self, request: web.Request) -> None:
+        if not self.gate.cookie_ok(request):
             raise web.HTTPUnauthorized(text="log in first\n")
 
-    async def index(request: web.Request) -> web.StreamResponse:
+    async def index(self, request: web.Request) -> web.Response:
         if "token" in request.query:
-            return login(request.query["token"])
-        return page("index.html") if gate.cookie_ok(request) else page("login.html")
+            return self._login(request.query["token"])
+        return self._page("index.html" if self.gate.cookie_ok(request) else "login.html")
 
-    async def login_form(request: web.Request) -> web.StreamResponse:
-        return login(str((await request.post()).get("token", "")))
+    async def login_form(self, request: web.Request) -> web.Response:
+        return self._login(str((await request.post()).get("token", "")))
 
-    async def logout(request: web.Request) -> web.StreamResponse:
+    async def logout(self, request: web.Request) -> web.Response:
         response = web.Response(status=303, headers={"Location": "/"})
         response.del_cookie(COOKIE, path="/")
         return response
 
-    async def static(request: web.Request) -> web.StreamResponse:
-        return page(request.match_info["name"])
+    async def static(self, request: web.Request) -> web.Response:
+        return self._page(request.match_info["name"])
 
-    async def pending(request: web.Request) -> web.StreamResponse:
-        require(request)
-        return web.json_response({"connected": feed.connected, "pending": feed.snapshot()})
+    async def pending(self, request: web.Request) -> web.Response:
+        self._require(request)
+        return web.json_response({"connected": self.feed.connected, "pending": self.feed.snapshot()})
 
-    async def resolve(request: web.Request) -> web.StreamResponse:
-        require(request)
+    async def resolve(self, request: web.Request) -> web.Response:
+        self._require(request)
         if request.headers.get("X-Execgate") != "1":
             raise web.HTTPForbidden(text="missing X-Execgate header\n")
         try:
             body = await request.json()
             request_id, verdict, reason = body["id"], body["verdict"], str(body.get("reason", ""))[:1000]
-            if not isinstance(request_id, str) or verdict not in _VERDICTS:
+            if not isinstance(request_id, str) or verdict not in VERDICTS:
                 raise ValueError(verdict)
         except (ValueError, KeyError, TypeError):
             raise web.HTTPBadRequest(text="expected {id, verdict: once|session|deny, reason}\n") from None
-        status, message = await feed.resolve(request_id, verdict, reason.strip())
+        status, message = await self.feed.resolve(request_id, verdict, reason.strip())
         return web.json_response({"message": message}, status=status)
 
-    async def events(request: web.Request) -> web.StreamResponse:
-        require(request)
-        return await _events(request, feed)
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        """Server-sent events (https://html.spec.whatwg.org/multipage/server-sent-events.html)."""
+        self._require(request)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **_HEADERS})
+        await response.prepare(request)
+        async with self.feed.listen() as queue:
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), timeout=15)
+                except TimeoutError:
+                    await response.write(b": keep-alive\n\n")  # a comment line; also finds dead peers
+                    continue
+                if item is None:
+                    break
+                event, data = item
+                await response.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+        return response
 
-    async def stop(_app: web.Application) -> None:
-        feed.close()
-
-    app = web.Application(middlewares=[_headers])
-    app.router.add_get("/", index)
-    app.router.add_post("/login", login_form)
-    app.router.add_post("/logout", logout)
-    app.router.add_get(r"/static/{name:(app\.js|style\.css)}", static)
-    app.router.add_get("/events", events)
-    app.router.add_get("/api/pending", pending)
-    app.router.add_post("/api/resolve", resolve)
-    app.on_shutdown.append(stop)
-    return app
-
-
-async def _events(request: web.Request, feed: PendingFeed) -> web.StreamResponse:
-    """The server-sent event stream (https://html.spec.whatwg.org/multipage/server-sent-events.html)."""
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **_HEADERS})
-    await response.prepare(request)
-    async with feed.listen() as queue:
-        while True:
-            try:
-                item = await asyncio.wait_for(queue.get(), timeout=15)
-            except TimeoutError:
-                await response.write(b": keep-alive\n\n")  # a comment line; also finds dead peers
-                continue
-            if item is None:
-                break
-            event, data = item
-            await response.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
-    return response
+    async def _shutdown(self, _app: web.Application) -> None:
+        self.feed.close()
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -387,7 +224,7 @@ async def serve_web(channel: grpc.aio.Channel, *, listen: str, token: str | None
     printed_token = token is None
     token = token or secrets.token_urlsafe(32)
     feed = PendingFeed(channel, name=name, metadata=metadata)
-    runner = web.AppRunner(make_app(feed, TokenGate(token), secure=tls is not None), shutdown_timeout=2,
+    runner = web.AppRunner(ApprovalPage(feed, TokenGate(token), secure=tls is not None).app(), shutdown_timeout=2,
                            access_log=None)
     await runner.setup()
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -8,6 +8,7 @@ appears only when the command escalates — that is, only when someone approved 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -58,37 +59,45 @@ class Stack:
     audit_log: Path
 
 
-@pytest.fixture
-def stack(short_tmp: Path) -> Iterator[Stack]:
-    rules = write_rules(short_tmp / "rules.toml", RULES)
-    address = f"unix://{short_tmp}/policy.sock"
-    (short_tmp / "work").mkdir()
-    token_file = short_tmp / "web-token"
+@contextlib.contextmanager
+def _running_stack(tmp: Path, *, approver_wait: str = "30") -> Iterator[Stack]:
+    """``policy serve`` with the prompt rule and ``approve --web`` on a free port, stopped after."""
+    rules = write_rules(tmp / "rules.toml", RULES)
+    address = f"unix://{tmp}/policy.sock"
+    (tmp / "work").mkdir()
+    token_file = tmp / "web-token"
     token_file.write_text("correct-horse-battery-staple\n")
-    with (short_tmp / "serve.log").open("w") as serve_log:
+    with (tmp / "serve.log").open("w") as serve_log:
         serve = subprocess.Popen(
             [*CLI, "policy", "serve", "--listen", address, "--rules", str(rules), "--audit-log",
-             str(short_tmp / "audit.jsonl"), "--approval-timeout", "60", "--approver-wait", "30"],
+             str(tmp / "audit.jsonl"), "--approval-timeout", "60", "--approver-wait", approver_wait],
             stdout=subprocess.DEVNULL, stderr=serve_log, text=True,
         )
     web = None
     try:
         _wait_healthy(address, serve)
-        web = subprocess.Popen(
-            [*CLI, "approve", "--web", "127.0.0.1:0", "--policy", address, "--name", "e2e-browser",
-             "--web-token-file", str(token_file)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
+        with (tmp / "web.log").open("w") as web_log:
+            web = subprocess.Popen(
+                [*CLI, "approve", "--web", "127.0.0.1:0", "--policy", address, "--name", "e2e-browser",
+                 "--web-token-file", str(token_file)],
+                stdout=subprocess.PIPE, stderr=web_log, text=True,
+            )
         assert web.stdout is not None
         line = web.stdout.readline()  # EOF ("") if it exits: no hang
-        assert line.startswith("execgate approve: approval page at http://127.0.0.1:"), (line, web.stderr.read())
+        assert line.startswith("execgate approve: approval page at http://127.0.0.1:"), (tmp / "web.log").read_text()
         url = line.split(" at ", 1)[1].strip()
         assert "token" not in url  # the token came from the file: it is not printed
-        yield Stack(address, url, "correct-horse-battery-staple", short_tmp / "work", short_tmp / "audit.jsonl")
+        yield Stack(address, url, "correct-horse-battery-staple", tmp / "work", tmp / "audit.jsonl")
     finally:
         for proc in (web, serve):
             if proc is not None:
                 _stop(proc)
+
+
+@pytest.fixture
+def stack(short_tmp: Path) -> Iterator[Stack]:
+    with _running_stack(short_tmp) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -288,3 +297,23 @@ def test_a_wrong_token_gets_401_and_no_request_data(stack: Stack, browser: webdr
         out, err = _finish(session)
     assert out == "status=1\n" and err == "Execution denied: denied by approver\n"
     assert not marker.exists()
+
+
+def test_with_no_page_open_the_web_approver_is_not_an_approver(short_tmp: Path):
+    """No page listening: the prompt is denied as unattended at once, not left waiting for nobody."""
+    marker = Path(f"{short_tmp}/outside-unattended")
+    with _running_stack(short_tmp, approver_wait="0") as running:
+        out, err = _finish(_session(running, marker))
+    assert out == "status=1\n"
+    assert err == "Execution denied: approval required but no approver is connected\n"
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--web", "localhost"], "--web wants HOST:PORT, not 'localhost'"),
+    (["--web", "127.0.0.1:0", "--web-token-file", "/nonexistent/token"], "No such file or directory"),
+])
+def test_bad_web_options_exit_2_with_a_message(options: list[str], message: str):
+    done = subprocess.run([*CLI, "approve", "--policy", "unix:///nonexistent.sock", *options], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 2 and message in done.stderr and done.stdout == ""
