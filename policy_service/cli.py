@@ -190,6 +190,8 @@ def _approve_web(args: argparse.Namespace) -> int:
     try:
         web_approver.parse_listen(args.web)
         token = read_token(args.web_token_file)
+        if token is not None:
+            web_approver.TokenGate(token)  # too short: refused before anything starts
         tls = web_approver.tls_context(args.web_tls_cert, args.web_tls_key) if args.web_tls_cert else None
     except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
         print(f"execgate approve: {exc}", file=sys.stderr)

@@ -14,9 +14,11 @@ web server in front of it, for people who are not at the terminal where the poli
   ``ResolveApproval``. 401 without the cookie; 403 without the ``X-Execgate: 1`` header (a
   cross-site form cannot send it, and the cookie is ``SameSite=Strict``).
 
-The login token comes from ``--web-token-file`` or, without it, is made up at start and printed
-with the URL. Tokens are compared in constant time (:func:`hmac.compare_digest`); the cookie holds
-an HMAC of a per-process nonce under the token, not the token, and dies with the process.
+The login token comes from ``--web-token-file`` (at least 16 characters) or, without it, is made
+up at start and printed with the URL. Tokens are compared in constant time
+(:func:`hmac.compare_digest`); wrong ones are answered one at a time after a second, so whoever
+reaches the port guesses slowly. The cookie holds an HMAC of a per-process nonce under the token,
+not the token, and dies with the process.
 
 The requests come from :class:`~execgate.policy_service.web_feed.PendingFeed`. Only while at least
 one page listens does the approver watch ``WatchPending``: a connected watcher
@@ -47,6 +49,10 @@ from execgate.policy_service.web_feed import VERDICTS, PendingFeed
 log = logging.getLogger(__name__)
 
 COOKIE = "execgate_web"
+#: Shortest login token accepted (the made-up one has 43).
+MIN_TOKEN_CHARS = 16
+#: Seconds a wrong login token is held before the answer, one at a time.
+FAILED_LOGIN_DELAY_S = 1.0
 #: Headers on every answer. The page loads nothing from elsewhere (no CDN) and shows request data
 #: as text only; no-referrer keeps a ``?token=`` URL out of Referer headers.
 _HEADERS = {
@@ -66,8 +72,8 @@ class TokenGate:
     """
 
     def __init__(self, token: str) -> None:
-        if not token:
-            raise ValueError("the web login token is empty")
+        if len(token) < MIN_TOKEN_CHARS:
+            raise ValueError(f"the web login token must have at least {MIN_TOKEN_CHARS} characters")
         self._token = token.encode()
         # A fresh nonce per process: cookies die with the approver, and the cookie is not the token.
         self.cookie_value = hmac.new(self._token, os.urandom(32), hashlib.sha256).hexdigest()
@@ -108,6 +114,7 @@ class ApprovalPage:
 
     def __init__(self, feed: PendingFeed, gate: TokenGate, *, secure: bool = False) -> None:
         self.feed, self.gate, self.secure = feed, gate, secure
+        self._failures = asyncio.Lock()
         self.assets = {name: _asset(name) for name in ("index.html", "login.html", "app.js", "style.css")}
 
     def app(self) -> web.Application:
@@ -128,8 +135,12 @@ class ApprovalPage:
         kind = {"js": "text/javascript", "css": "text/css", "html": "text/html"}[name.rsplit(".", 1)[1]]
         return web.Response(body=body, status=status, content_type=kind, charset="utf-8")
 
-    def _login(self, given: str) -> web.Response:
+    async def _login(self, given: str) -> web.Response:
         if not self.gate.token_ok(given):
+            # One wrong guess at a time, each held for a second: a script that reaches the port
+            # (a session with network access, another local user) guesses at most once a second.
+            async with self._failures:
+                await asyncio.sleep(FAILED_LOGIN_DELAY_S)
             return self._page("login.html", 401, "Wrong token.")
         response = web.Response(status=303, headers={"Location": "/"})  # the token leaves the address bar
         response.set_cookie(COOKIE, self.gate.cookie_value, httponly=True, samesite="Strict", secure=self.secure,
@@ -142,11 +153,11 @@ class ApprovalPage:
 
     async def index(self, request: web.Request) -> web.Response:
         if "token" in request.query:
-            return self._login(request.query["token"])
+            return await self._login(request.query["token"])
         return self._page("index.html" if self.gate.cookie_ok(request) else "login.html")
 
     async def login_form(self, request: web.Request) -> web.Response:
-        return self._login(str((await request.post()).get("token", "")))
+        return await self._login(str((await request.post()).get("token", "")))
 
     async def logout(self, request: web.Request) -> web.Response:
         response = web.Response(status=303, headers={"Location": "/"})

@@ -312,8 +312,10 @@ def test_with_no_page_open_the_web_approver_is_not_an_approver(short_tmp: Path):
 @pytest.mark.parametrize(("options", "message"), [
     (["--web", "localhost"], "--web wants HOST:PORT, not 'localhost'"),
     (["--web", "127.0.0.1:0", "--web-token-file", "/nonexistent/token"], "No such file or directory"),
+    (["--web", "127.0.0.1:0", "--web-token-file", "SHORT"], "the web login token must have at least 16 characters"),
 ])
-def test_bad_web_options_exit_2_with_a_message(options: list[str], message: str):
+def test_bad_web_options_exit_2_with_a_message(options: list[str], message: str, short_tmp: Path):
+    (short_tmp / "SHORT").write_text("hunter2\n")
     done = subprocess.run([*CLI, "approve", "--policy", "unix:///nonexistent.sock", *options], capture_output=True,
-                          text=True, timeout=60, check=False)
+                          text=True, timeout=60, check=False, cwd=short_tmp)
     assert done.returncode == 2 and message in done.stderr and done.stdout == ""
