@@ -1,4 +1,4 @@
-"""``execgate policy serve|check|health`` and ``execgate approve`` (see each parser's help).
+"""``execgate policy serve|check|health`` and ``execgate approve [--web]`` (see each parser's help).
 
 ``policy check`` comes from :mod:`execgate.policy_service.check` (the rules engine) when present.
 
@@ -46,10 +46,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     health = sub.add_parser("health", help="exit 0 if the policy service reports SERVING")
     _add_client_options(health)
     health.set_defaults(func=_health)
-    approve = subparsers.add_parser("approve", help="answer pending approvals from this terminal (y/s/n)")
+    approve = subparsers.add_parser("approve", help="answer pending approvals from this terminal (y/s/n) "
+                                                    "or, with --web, from a browser")
     _add_client_options(approve)
     approve.add_argument("--name", default=f"{getpass.getuser()}@{socket.gethostname()}",
                          help="approver name recorded in the audit log (default: user@host)")
+    web = approve.add_argument_group("browser", "serve an approval page instead of asking on this terminal "
+                                                "(needs the 'web' extra: pip install 'execgate[web]')")
+    web.add_argument("--web", metavar="HOST:PORT", help="serve the page here (port 0: any free port; the URL "
+                                                        "is printed)")
+    web.add_argument("--web-token-file", metavar="FILE", help="login token for the page (default: a random "
+                                                              "one, printed in the URL)")
+    web.add_argument("--web-tls-cert", metavar="PEM", help="serve HTTPS with this certificate")
+    web.add_argument("--web-tls-key", metavar="PEM", help="private key of --web-tls-cert")
     approve.set_defaults(func=_approve)
 
 
@@ -192,6 +201,8 @@ def _health(args: argparse.Namespace) -> int:
 
 
 def _approve(args: argparse.Namespace) -> int:
+    if args.web:
+        return _approve_web(args)
     from execgate.policy_service.approver import run_approver
 
     async def approve() -> int:
@@ -201,3 +212,39 @@ def _approve(args: argparse.Namespace) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         return _run(approve())
     return 130
+
+
+def _approve_web(args: argparse.Namespace) -> int:
+    try:
+        from execgate.policy_service import web_approver
+    except ModuleNotFoundError as exc:  # aiohttp comes with the 'web' extra only
+        print(f"execgate approve: --web needs {exc.name} (pip install 'execgate[web]')", file=sys.stderr)
+        return 2
+    try:
+        web_approver.parse_listen(args.web)
+        token = read_token(args.web_token_file)
+        if token is not None:
+            web_approver.TokenGate(token)  # too short: refused before anything starts
+        tls = web_approver.tls_context(args.web_tls_cert, args.web_tls_key) if args.web_tls_cert else None
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        print(f"execgate approve: {exc}", file=sys.stderr)
+        return 2
+
+    async def serve() -> int:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        async with client_channel(args) as channel:
+            with contextlib.suppress(asyncio.CancelledError):
+                return await web_approver.serve_web(channel, listen=args.web, token=token, name=f"{args.name} (web)",
+                                                    metadata=_metadata(args), tls=tls)
+        return 0
+
+    try:
+        return _run(serve())
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:  # the address cannot be bound
+        print(f"execgate approve: {exc}", file=sys.stderr)
+        return 2
