@@ -100,7 +100,8 @@ class EscalateServer:
         extra_env: extra env-overlay variables (mapping or ``callable(session) -> mapping``).
         limits: protocol limits and kill grace period.
         socket_dir: parent directory of the sessions' private fallback-socket directories
-            (default the temp dir; keep it short: AF_UNIX paths are limited to 108 bytes).
+            (default ``/tmp`` whatever ``TMPDIR`` says; keep it short: AF_UNIX paths are limited
+            to 108 bytes).
     """
 
     def __init__(

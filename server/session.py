@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 #: is set) that returns one. E.g. the preload shim adds ``LD_PRELOAD`` and ``EXECGATE_*`` variables.
 ExtraEnv = Union[Mapping[str, str], Callable[["Session"], Mapping[str, str]]]
 
+#: Where sessions' private fallback-socket directories are made unless the server names another.
+DEFAULT_SOCKET_PARENT = "/tmp"
+
 _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;} (unix(7))
 
 
@@ -90,7 +93,9 @@ class Session:
         self._slots = asyncio.Semaphore(self.limits.max_concurrent)  # decisions in progress
         self._closed = False
         self._loop = loop
-        self._dir = tempfile.mkdtemp(prefix="execgate-", dir=socket_dir)  # mode 0700 (mkdtemp(3))
+        # Under /tmp, not TMPDIR: a TMPDIR inside the working directory would put the socket in a
+        # writable root of the sandbox (and /tmp is short, for AF_UNIX's 108-byte paths).
+        self._dir = tempfile.mkdtemp(prefix="execgate-", dir=socket_dir or DEFAULT_SOCKET_PARENT)  # mode 0700
         try:
             self.socket_path = os.path.join(self._dir, "s")
             self._listener = _listen(self.socket_path)
