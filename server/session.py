@@ -33,6 +33,7 @@ import uuid
 from typing import Callable, Mapping, Union
 
 from execgate.server import protocol as p
+from execgate.server.backstop import Backstop
 from execgate.server.escalation import Limits, handle_connection
 from execgate.server.fdpass import close_fds, encode_frame, recv_datagram, wait_readable
 from execgate.server.policy import Permissions, Policy, SessionContext
@@ -69,6 +70,7 @@ class Session:
         extra_env: ExtraEnv | None = None,
         limits: Limits | None = None,
         socket_dir: str | None = None,
+        seccomp_launcher: str | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()  # RuntimeError before any resource exists
         self.policy = policy
@@ -99,6 +101,12 @@ class Session:
             p.SOCKET_PATH_ENV_VAR: self.socket_path,
         }
         self.env_overlay.update(extra_env(self) if callable(extra_env) else (extra_env or {}))
+        #: The seccomp backstop (:mod:`.backstop`) when a launcher was given, else None.
+        self.backstop: Backstop | None = None
+        if seccomp_launcher is not None:
+            self.backstop = Backstop(launcher=seccomp_launcher, wrapper=wrapper, policy=policy, context=self.context,
+                                     max_concurrent=self.limits.max_concurrent, max_bytes=self.limits.max_frame_bytes)
+            self._spawn_task(self.backstop.serve())
         self._spawn_task(self._serve_handshakes())
         self._spawn_task(self._serve_fallback())
 
@@ -139,6 +147,8 @@ class Session:
             return
         self._closed = True
         await _cancel(self._tasks)
+        if self.backstop is not None:
+            await self.backstop.close()
         self._server_sock.close()
         self._listener.close()
         self.close_client_socket()
@@ -211,8 +221,12 @@ class Session:
                 pass
             conn.close()
             return
+        on_run = None
+        if self.backstop is not None:
+            pid, backstop = _peer_pid(conn), self.backstop  # the wrapper: it made the socket (unix(7))
+            on_run = None if pid is None else (lambda program, argv: backstop.expect(pid, program, argv))
         coro = handle_connection(
-            conn, policy=self.policy, context=self.context, limits=self.limits, on_spawn=self._track
+            conn, policy=self.policy, context=self.context, limits=self.limits, on_spawn=self._track, on_run=on_run
         )
         self._spawn_task(coro, self._conns)
 
@@ -250,6 +264,15 @@ def _listen(path: str) -> socket.socket:
         listener.close()
         raise
     return listener
+
+
+def _peer_pid(conn: socket.socket) -> int | None:
+    """The peer's pid in our pid namespace (``SO_PEERCRED``; 0 if it is outside it), or None."""
+    try:
+        pid, _, _ = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    except OSError:
+        return None
+    return pid or None
 
 
 def _peer_uid(conn: socket.socket) -> int | None:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from execgate.wrapper import artifacts
-from execgate.wrapper.artifacts import NativeArtifactMissing, native_wrapper_path, preload_library_path
+from execgate.wrapper.artifacts import (NativeArtifactMissing, native_wrapper_path, preload_ld_value,
+                                        preload_library_path)
 from execgate.wrapper.interception import preload_env, preload_extra_env
 
 INTERCEPTED = {
@@ -42,7 +43,7 @@ def test_missing_artifact_says_how_to_rebuild(monkeypatch: pytest.MonkeyPatch, t
 
 def test_preload_env() -> None:
     env = preload_env(socket_fd=0, max_depth=9)
-    assert env["LD_PRELOAD"] == str(preload_library_path())
+    assert env["LD_PRELOAD"] == preload_ld_value()
     assert env["EXEC_WRAPPER"] == str(native_wrapper_path())
     assert env["EXECGATE_SOCKET_ID"].startswith("0:") and env["EXECGATE_MAX_DEPTH"] == "9"
     assert preload_env("/x/w", base_ld_preload="/a.so")["LD_PRELOAD"].endswith(":/a.so")
