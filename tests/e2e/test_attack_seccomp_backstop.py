@@ -259,3 +259,37 @@ def test_no_listener_or_socket_reaches_the_shell(attacker, programs):
     assert "seccomp" not in done.stdout
     # stdin, stdout, stderr, the dir being listed, and the session's CODEX_ESCALATE_SOCKET only
     assert done.stdout.count("socket:[") == 1, done.stdout
+
+
+def test_denial_is_written_through_the_callers_own_stderr(attacker, programs):
+    """The message goes through the caller's very open file description (pidfd_getfd), never a
+    reopen of /proc/PID/fd/2: a stderr opened read-only stays unwritten, and the exec is still denied."""
+    work = attacker.workdir()
+    shutil.copytree(programs, work / "bin", ignore=shutil.ignore_patterns("*.c", "*.go"))
+    marker = attacker.marker_program(work / "bin", MARKER)
+    (work / "rules.toml").write_text(RULES)
+    script = f"echo keep > ro.txt; {work}/bin/execit-static {marker} 2<ro.txt; echo status=$?; cat ro.txt"
+    done = attacker.execgate("run", "--rules", str(work / "rules.toml"), "--", script, cwd=work)
+    assert not attacker.marker_ran(MARKER)
+    assert done.stdout == "status=126\nkeep\n", done.stdout + done.stderr
+
+
+def test_escalation_cannot_happen_in_place(attacker, programs):
+    """An exec the rules escalate, made where the shim cannot see it: refused with a reason saying
+    to run it through the shell; the same program run from the shell is escalated."""
+    work = attacker.workdir()
+    shutil.copytree(programs, work / "bin", ignore=shutil.ignore_patterns("*.c", "*.go"))
+    marker = attacker.marker_program(work / "bin", "eg-bs-escalate")
+    rules = work / "rules.toml"
+    rules.write_text(f'default = "run"\n\n[[rule]]\nid = "esc"\nprogram = "{marker}"\n'
+                     'decision = "escalate"\njustification = "runs outside"\n')
+    audit = work / "audit.jsonl"
+    done = attacker.execgate("run", "--rules", str(rules), "--audit-log", str(audit), "--",
+                             f"{work}/bin/execit-static {marker}; echo status=$?", cwd=work)
+    assert not attacker.marker_ran("eg-bs-escalate"), done.stdout + done.stderr
+    assert "status=126" in done.stdout
+    assert "needs escalation" in done.stderr and "run it through the session's shell" in done.stderr
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert [r["decision"] for r in records if r["program"] == str(marker)] == ["escalate"]
+    done = attacker.execgate("run", "--rules", str(rules), "--", str(marker), cwd=work)
+    assert attacker.marker_ran("eg-bs-escalate"), done.stdout + done.stderr
