@@ -71,6 +71,10 @@ class _Exec:
     ident: tuple[int, int] | None  # (st_dev, st_ino) of the file, if it could be stat'ed
 
 
+class Unnamed(ValueError):
+    """The exec is of an open file without a name (memfd, deleted file): refused undecided."""
+
+
 class Backstop:
     """One session's seccomp listener and the server's answers to it.
 
@@ -191,6 +195,8 @@ class Backstop:
                 error = await self._decide(exe)
         except sn.NotificationGone:
             return
+        except Unnamed as exc:
+            self._tell(_tgid(f"/proc/{notif.pid}"), f"Execution denied: {exc}\n")
         except (OSError, ValueError) as exc:
             log.warning("session %s: exec by pid %d refused, its arguments cannot be read: %s",
                         self.context.session_id, notif.pid, exc)
@@ -309,12 +315,19 @@ def _locate(proc: str, path: str, dirfd: int, flags: int, workdir: str) -> tuple
     """The exec's file as the caller names it: an absolute, lexically normalised path and, if it
     can be stat'ed through the caller's root, its (device, inode).
 
+    Raises:
+        Unnamed: ``AT_EMPTY_PATH`` on a memfd or a deleted file.
+
     ``execveat(fd, "", …, AT_EMPTY_PATH)`` is the file open on ``fd`` (``/proc/PID/fd/N``, which
     stat follows to the very file); a relative path is taken from the caller's cwd or ``dirfd``.
     """
     if path == "" and flags & sn.AT_EMPTY_PATH:
         link = f"{proc}/fd/{dirfd}"
-        return os.path.normpath(os.readlink(link)), _ident(link)
+        target = os.readlink(link)
+        if not target.startswith("/") or target.endswith(" (deleted)"):
+            # As the shim does: a memfd or a deleted file has no name the policy could judge.
+            raise Unnamed(f"an unnamed file ({target}) cannot be judged by name")
+        return os.path.normpath(target), _ident(link)
     if not path:
         raise ValueError("empty path")
     if not path.startswith("/"):

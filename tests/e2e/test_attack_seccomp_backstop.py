@@ -38,6 +38,7 @@ EXECIT = r"""
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 extern char **environ;
@@ -50,6 +51,14 @@ int main(int argc, char **argv)
     syscall(SYS_execve, argv[1], argv + 1, environ);
 #elif defined(VIA_FEXECVE)
     fexecve(open(argv[1], O_RDONLY), argv + 1, environ); /* execveat(fd, "", ..., AT_EMPTY_PATH) */
+#elif defined(VIA_MEMFD)
+    /* A copy of the program under another name: a memfd (fexecve = execveat(fd, "", AT_EMPTY_PATH)). */
+    int in = open(argv[1], O_RDONLY), mfd = memfd_create("innocent", 0);
+    char buf[65536];
+    ssize_t n;
+    while ((n = read(in, buf, sizeof buf)) > 0)
+        if (write(mfd, buf, (size_t)n) != n) return 4;
+    fexecve(mfd, argv + 1, environ);
 #elif defined(VIA_DLVSYM)
     execve_fn real = (execve_fn)dlvsym(RTLD_NEXT, "execve", "GLIBC_2.2.5");
     if (real == NULL) { fprintf(stderr, "no execve@GLIBC_2.2.5\n"); return 3; }
@@ -184,6 +193,7 @@ def programs():
     _cc("-O1", "-static", "-o", str(out / "execit-static"), str(src))
     _cc("-O1", "-DVIA_RAW", "-o", str(out / "execit-raw"), str(src))
     _cc("-O1", "-static", "-DVIA_FEXECVE", "-o", str(out / "execit-fexecve"), str(src))
+    _cc("-O1", "-static", "-DVIA_MEMFD", "-o", str(out / "execit-memfd"), str(src))
     (out / "own-listener.c").write_text(OWN_LISTENER)
     _cc("-O1", "-o", str(out / "own-listener"), str(out / "own-listener.c"))
     _cc("-O1", "-DVIA_DLVSYM", "-o", str(out / "execit-dlvsym"), str(src), "-ldl")
@@ -293,3 +303,18 @@ def test_escalation_cannot_happen_in_place(attacker, programs):
     assert [r["decision"] for r in records if r["program"] == str(marker)] == ["escalate"]
     done = attacker.execgate("run", "--rules", str(rules), "--", str(marker), cwd=work)
     assert attacker.marker_ran("eg-bs-escalate"), done.stdout + done.stderr
+
+
+def test_exec_of_a_copy_in_a_memfd_is_refused(attacker, programs):
+    """A static program copies the denied marker into a memfd named "innocent" and execs that:
+    the backstop refuses an exec of a file without a name (as the shim does), whatever the name;
+    a named file opened the same way still runs (the fexecve case of the parametrised test)."""
+    work = attacker.workdir()
+    shutil.copytree(programs, work / "bin", ignore=shutil.ignore_patterns("*.c", "*.go"))
+    marker = attacker.marker_program(work / "bin", MARKER)
+    (work / "rules.toml").write_text(RULES)
+    done = attacker.execgate("run", "--rules", str(work / "rules.toml"), "--",
+                             f"{work}/bin/execit-memfd {marker}; echo status=$?", cwd=work)
+    assert not attacker.marker_ran(MARKER), done.stdout + done.stderr
+    assert "status=126" in done.stdout
+    assert "Execution denied: an unnamed file (/memfd:innocent (deleted)) cannot be judged by name" in done.stderr
