@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from bench.common import ESCALATE_TRUE_RULES, Figure, check, execgate_cli, median, timed_run
+from bench.common import ESCALATE_TRUE_RULES, Figure, check, cpu_run, execgate_cli, median, timed_run
 
 
 def loop_script(n: int, program: str = "/bin/true") -> str:
@@ -106,6 +106,8 @@ def backstop_share(n: int, reps: int, cwd: str) -> list[Figure]:
       backstop on minus the same with ``--seccomp off``, interleaved in one measurement; each shim exec
       then passes two notifications (the exec of the wrapper, the wrapper's approved exec), both
       answered without a decision.
+    * ``run_native_backstop_cpu_ms``: the same difference in CPU time (user + system of the whole
+      run), which a loaded machine disturbs less than wall time.
     * ``backstop_decided_ms_per_exec``: an exec the shim cannot see (a static shell, busybox-static
       ``sh``, running ``/bin/true``), decided by the backstop alone: gated busybox loop minus plain
       busybox loop.
@@ -122,6 +124,12 @@ def backstop_share(n: int, reps: int, cwd: str) -> list[Figure]:
                                              cwd=cwd, env=env),
     }
     per, times = _per_exec_ms(runners, n, reps)
+    cpu_runners = {
+        "cpu_off": lambda k: cpu_run([*gate, "--seccomp", "off", "--", loop_script(k)], cwd=cwd, env=env),
+        "cpu_on": lambda k: cpu_run([*gate, "--seccomp", "on", "--", loop_script(k)], cwd=cwd, env=env),
+    }
+    cpu, cpu_times = _per_exec_ms(cpu_runners, n, reps)
+    times.update(cpu_times)
     samples = {k: [round(x, 4) for x in v] for k, v in times.items()}
     share = per["on"] - per["off"]
     decided = per["busybox_gated"] - per["busybox"]
@@ -130,6 +138,11 @@ def backstop_share(n: int, reps: int, cwd: str) -> list[Figure]:
                baseline_what="Run path added ms/exec, --seccomp off", ratio=None, target="", met=None,
                notes=f"backstop on {per['on']:.3f}, off {per['off']:.3f}, bash {per['bash']:.3f} ms/exec; N={n}, {reps} reps, median",
                samples=samples),
+        Figure(name="run_native_backstop_cpu_ms", value=cpu["cpu_on"] - cpu["cpu_off"], unit="CPU ms/exec added",
+               baseline=cpu["cpu_off"], baseline_what="CPU ms/exec of the whole run, --seccomp off", ratio=None,
+               target="", met=None,
+               notes=f"user+system CPU of execgate run and everything it reaped, backstop on {cpu['cpu_on']:.3f} vs off "
+                     f"{cpu['cpu_off']:.3f} ms/exec; N={n}, {reps} reps, median", samples={}),
         Figure(name="backstop_decided_ms_per_exec", value=decided, unit="ms/exec added", baseline=per["busybox"],
                baseline_what="plain busybox sh ms/exec", ratio=per["busybox_gated"] / per["busybox"] if per["busybox"] > 0 else None,
                target="", met=None, notes=f"busybox-static sh loop, every exec decided by the backstop; N={n}, {reps} reps, median",

@@ -82,7 +82,7 @@ class Backstop:
         launcher: path of ``execgate-seccomp-launch``.
         wrapper: the session's ``EXEC_WRAPPER`` (its execs continue undecided).
         policy, context: what decides the other execs, as for the wrapper's requests.
-        max_concurrent: most notifications decided at once; more are refused (``EAGAIN``).
+        max_concurrent: most notifications decided at once; further ones wait in the kernel.
         max_bytes: bound on an exec's argv (bytes).
     """
 
@@ -170,13 +170,19 @@ class Backstop:
             log.error("session %s: seccomp listener failed: %s", self.context.session_id, exc)
             self._loop.remove_reader(self._listener)
             return
-        if len(self._tasks) >= self.max_concurrent:
-            log.warning("session %s: %d execs in flight, refusing one", self.context.session_id, len(self._tasks))
-            self._answer(notif.id, errno.EAGAIN)
-            return
         task = self._loop.create_task(self._handle(notif))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+        if len(self._tasks) >= self.max_concurrent:
+            # Back-pressure: further notifications wait in the kernel (their callers stay blocked
+            # in exec) until a decision in flight is answered.
+            self._loop.remove_reader(self._listener)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        full = len(self._tasks) >= self.max_concurrent
+        self._tasks.discard(task)
+        if full and not self._closed and self._listener >= 0:
+            self._loop.add_reader(self._listener, self._on_readable)
 
     def _answer(self, nid: int, error: int) -> None:
         try:
@@ -196,7 +202,7 @@ class Backstop:
         except sn.NotificationGone:
             return
         except Unnamed as exc:
-            self._tell(_tgid(f"/proc/{notif.pid}"), f"Execution denied: {exc}\n")
+            self._tell(notif.pid, f"Execution denied: {exc}\n")
         except (OSError, ValueError) as exc:
             log.warning("session %s: exec by pid %d refused, its arguments cannot be read: %s",
                         self.context.session_id, notif.pid, exc)
@@ -269,14 +275,16 @@ class Backstop:
             reason = decision.reason or ""
         else:
             reason = "policy error: malformed decision"
-        self._tell(exe.tgid, f"Execution denied: {reason}\n" if reason else "Execution denied\n")
+        self._tell(exe.tid, f"Execution denied: {reason}\n" if reason else "Execution denied\n")
         return errno.EACCES
 
-    def _tell(self, tgid: int, text: str) -> None:
-        """Best effort: ``text`` on the caller's stderr (see the module docstring for why this way)."""
+    def _tell(self, tid: int, text: str) -> None:
+        """Best effort: ``text`` on the stderr of thread ``tid``'s process (see the module docstring
+        for why this way). Never raises."""
         try:
+            tgid = _tgid(f"/proc/{tid}")
             pidfd = os.pidfd_open(tgid)
-        except OSError:
+        except (OSError, ValueError):
             return
         try:
             fd = sn.pidfd_getfd(pidfd, 2)

@@ -318,3 +318,41 @@ def test_exec_of_a_copy_in_a_memfd_is_refused(attacker, programs):
     assert not attacker.marker_ran(MARKER), done.stdout + done.stderr
     assert "status=126" in done.stdout
     assert "Execution denied: an unnamed file (/memfd:innocent (deleted)) cannot be judged by name" in done.stderr
+
+
+SWAP_ARGV = """import ctypes, os, sys
+from execgate.wrapper import client
+env = dict(os.environ)
+answer = client.request_decision(client.connect(env), "/bin/echo", ["echo", "approved"], env)
+print("answer", answer.action, flush=True)
+libc = ctypes.CDLL(None, use_errno=True)
+argv = (ctypes.c_char_p * 3)(b"echo", sys.argv[1].encode(), None)
+libc.syscall(59, b"/bin/echo", argv, None)
+print("exec failed:", os.strerror(ctypes.get_errno()), flush=True)
+"""
+
+
+@pytest.mark.parametrize("second", ["forbidden", "approved"])
+def test_an_approval_covers_exactly_the_approved_argv(attacker, second):
+    """A script asks the server itself (as the wrapper does) to Run ``echo approved``, then makes a
+    raw exec of ``echo forbidden``, which the rules deny: the approval recorded for its pid must not
+    let a different argv through undecided. The control: exactly the approved argv runs."""
+    work = attacker.workdir()
+    rules = work / "rules.toml"
+    rules.write_text('default = "run"\n\n[[rule]]\nid = "no-forbidden"\nprogram = "echo"\nprefix = ["forbidden"]\n'
+                     'decision = "deny"\njustification = "forbidden echo"\n')
+    (work / "swap.py").write_text(SWAP_ARGV)
+    audit = work / "audit.jsonl"
+    done = attacker.execgate("run", "--rules", str(rules), "--audit-log", str(audit), "--",
+                             f"{sys.executable} swap.py {second}", cwd=work)
+    assert "answer Run" in done.stdout, done.stdout + done.stderr
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    echoes = [(r["argv"], r["decision"]) for r in records if r["program"] == "/bin/echo"]
+    if second == "forbidden":
+        assert "forbidden\n" not in done.stdout
+        assert "exec failed: Permission denied" in done.stdout
+        assert "Execution denied: forbidden echo" in done.stderr
+        assert echoes == [(["echo", "approved"], "run"), (["echo", "forbidden"], "deny")]
+    else:
+        assert done.stdout.endswith("approved\n"), done.stdout + done.stderr
+        assert echoes == [(["echo", "approved"], "run")]  # decided once
