@@ -195,7 +195,7 @@ class Backstop:
         error = errno.EACCES
         try:
             exe = self._read(notif)
-            if self._undecided(notif.pid, exe):
+            if exe is None or self._undecided(notif.pid, exe):
                 error = 0
             else:
                 error = await self._decide(exe)
@@ -210,8 +210,10 @@ class Backstop:
             log.exception("session %s: unexpected error deciding a seccomp notification", self.context.session_id)
         self._answer(notif.id, error)
 
-    def _read(self, notif: sn.Notification) -> _Exec:
-        """Read the exec's program, argv and working directory from the stopped caller.
+    def _read(self, notif: sn.Notification) -> _Exec | None:
+        """Read the exec's program, argv and working directory from the stopped caller; None for
+        an ``execve`` of the session's wrapper by absolute path (the shim's exec of it: the fast
+        path, it continues undecided).
 
         Raises:
             NotificationGone: the caller died (its pid may already name another process).
@@ -228,6 +230,9 @@ class Backstop:
                 raise sn.NotificationGone
             a = notif.args if kind == "execve" else notif.args[1:]
             path = sn.read_cstring(mem, a[0], sn.PATH_MAX)
+            if kind == "execve" and path.startswith(b"/") and self._shell is None and self._wrapper_id is not None \
+                    and _ident(f"{proc}/root{os.path.normpath(os.fsdecode(path))}") == self._wrapper_id:
+                return None
             argv = sn.read_argv(mem, a[1], ptr, max_count=MAX_ARGS, max_bytes=self.max_bytes)
             workdir = os.readlink(f"{proc}/cwd")
             tgid = _tgid(proc)

@@ -44,7 +44,8 @@ CASES = [
         "bash",
         f"{PY} -c 'import os, shutil\nfor n in (\"{DENIED}\", \"{ALLOWED}\"):\n"
         f"    pid = os.posix_spawn(shutil.which(n), [n, \"x\"], os.environ)\n"
-        f"    print(\"denied-status=%d\" % os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) if n == \"{DENIED}\" else \"\", flush=True)'",
+        f"    st = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])\n"  # wait for both: the session ends with python
+        f"    print(\"denied-status=%d\" % st if n == \"{DENIED}\" else \"\", flush=True)'",
         1,
     ),
     (
