@@ -247,13 +247,13 @@ class Backstop:
 
     def _undecided(self, tid: int, exe: _Exec) -> bool:
         """True for the execs that continue without a decision (see the module docstring)."""
+        expected = self._expected.pop(exe.tgid, None)  # one-shot: the process's next exec consumes it
         if self._shell is not None:  # only the very first notification can be the launcher's
             shell, self._shell = self._shell, None
             if exe.program == shell and _ident(f"/proc/{tid}/exe") == self._launcher_id:
                 return True
         if exe.ident is not None and exe.ident == self._wrapper_id:
             return True
-        expected = self._expected.pop(exe.tgid, None)
         if expected is None or tuple(exe.argv) != expected.argv:
             return False
         if exe.program == expected.program:

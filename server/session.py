@@ -11,6 +11,9 @@ A session owns:
   children, which would otherwise leave the grandchildren unable to reach the server. Each accepted
   connection whose peer uid (``SO_PEERCRED``, unix(7)) is the server's uid or root is served exactly
   like a stream end received in a handshake.
+* optionally the seccomp backstop (:mod:`.backstop`, ``seccomp_launcher``): the shell is started by
+  a launcher whose seccomp listener the session serves, so that every exec of its processes reaches
+  the policy; the per-exec handler tells it (``on_run``) what the wrapper was just allowed to run.
 * every escalated process group it started: closing the session (``async with`` exit,
   :meth:`Session.close`, or cancellation of the owner) SIGTERMs them, SIGKILLs them after the grace
   period and reaps the leaders.
