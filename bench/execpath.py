@@ -26,7 +26,10 @@ def _per_exec(runner: Callable[[int], float], n: int, reps: int, times: dict[str
     times.setdefault(f"{key}@{n}", []).append(runner(n))
 
 
-def _per_exec_ms(runners: dict[str, Callable[[int], float]], n: int, reps: int) -> tuple[dict[str, float], dict[str, list[float]]]:
+Samples = dict[str, list[float]]
+
+
+def _per_exec_ms(runners: dict[str, Callable[[int], float]], n: int, reps: int) -> tuple[dict[str, float], Samples]:
     """Interleave the runners ``reps`` times at 0 and N execs; ms per exec of each, and the samples."""
     times: dict[str, list[float]] = {}
     for _ in range(reps):
@@ -133,18 +136,18 @@ def backstop_share(n: int, reps: int, cwd: str) -> list[Figure]:
     samples = {k: [round(x, 4) for x in v] for k, v in times.items()}
     share = per["on"] - per["off"]
     decided = per["busybox_gated"] - per["busybox"]
+    how = f"N={n}, {reps} reps, median"
     return [
-        Figure(name="run_native_backstop_share_ms", value=share, unit="ms/exec added", baseline=per["off"] - per["bash"],
-               baseline_what="Run path added ms/exec, --seccomp off", ratio=None, target="", met=None,
-               notes=f"backstop on {per['on']:.3f}, off {per['off']:.3f}, bash {per['bash']:.3f} ms/exec; N={n}, {reps} reps, median",
+        Figure(name="run_native_backstop_share_ms", value=share, unit="ms/exec added",
+               baseline=per["off"] - per["bash"], baseline_what="Run path added ms/exec, --seccomp off",
+               notes=f"backstop on {per['on']:.3f}, off {per['off']:.3f}, bash {per['bash']:.3f} ms/exec; {how}",
                samples=samples),
         Figure(name="run_native_backstop_cpu_ms", value=cpu["cpu_on"] - cpu["cpu_off"], unit="CPU ms/exec added",
-               baseline=cpu["cpu_off"], baseline_what="CPU ms/exec of the whole run, --seccomp off", ratio=None,
-               target="", met=None,
-               notes=f"user+system CPU of execgate run and everything it reaped, backstop on {cpu['cpu_on']:.3f} vs off "
-                     f"{cpu['cpu_off']:.3f} ms/exec; N={n}, {reps} reps, median", samples={}),
+               baseline=cpu["cpu_off"], baseline_what="CPU ms/exec of the whole run, --seccomp off",
+               notes=f"user+system CPU of execgate run and everything it reaped, backstop on {cpu['cpu_on']:.3f} "
+                     f"vs off {cpu['cpu_off']:.3f} ms/exec; {how}"),
         Figure(name="backstop_decided_ms_per_exec", value=decided, unit="ms/exec added", baseline=per["busybox"],
-               baseline_what="plain busybox sh ms/exec", ratio=per["busybox_gated"] / per["busybox"] if per["busybox"] > 0 else None,
-               target="", met=None, notes=f"busybox-static sh loop, every exec decided by the backstop; N={n}, {reps} reps, median",
-               samples=samples),
+               baseline_what="plain busybox sh ms/exec",
+               ratio=per["busybox_gated"] / per["busybox"] if per["busybox"] > 0 else None,
+               notes=f"busybox-static sh loop, every exec decided by the backstop; {how}", samples=samples),
     ]

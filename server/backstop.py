@@ -166,9 +166,11 @@ class Backstop:
             notif = sn.receive(self._listener)
         except sn.NotificationGone:
             return
-        except OSError as exc:
-            log.error("session %s: seccomp listener failed: %s", self.context.session_id, exc)
+        except OSError as exc:  # fail closed: without a listener every exec fails (ENOSYS)
+            log.error("session %s: seccomp listener failed, closing it: %s", self.context.session_id, exc)
             self._loop.remove_reader(self._listener)
+            os.close(self._listener)
+            self._listener = -1
             return
         task = self._loop.create_task(self._handle(notif))
         self._tasks.add(task)
@@ -185,6 +187,8 @@ class Backstop:
             self._loop.add_reader(self._listener, self._on_readable)
 
     def _answer(self, nid: int, error: int) -> None:
+        if self._listener < 0:
+            return
         try:
             sn.respond(self._listener, nid, error=error)
         except OSError as exc:

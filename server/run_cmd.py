@@ -332,7 +332,8 @@ async def _run_session(args: argparse.Namespace, plan: _Plan) -> int:
         policy = GrpcPolicy(address, token=plan.token, tls=plan.tls)  # type: ignore[arg-type]
         try:
             server = EscalateServer(plan.shell, str(plan.wrapper), policy, launcher=plan.sandbox,  # type: ignore[arg-type]
-                                    extra_env=plan.extra_env, seccomp_launcher=plan.seccomp[0])  # type: ignore[arg-type]
+                                    extra_env=plan.extra_env,  # type: ignore[arg-type]
+                                    seccomp_launcher=plan.seccomp[0])
             result = await server.exec(
                 " ".join(args.script), plan.workdir, timeout_s=args.timeout, login=args.login,
                 on_output=None if args.json else _stream, labels=plan.labels,

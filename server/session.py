@@ -107,8 +107,12 @@ class Session:
         #: The seccomp backstop (:mod:`.backstop`) when a launcher was given, else None.
         self.backstop: Backstop | None = None
         if seccomp_launcher is not None:
-            self.backstop = Backstop(launcher=seccomp_launcher, wrapper=wrapper, policy=policy, context=self.context,
-                                     max_concurrent=self.limits.max_concurrent, max_bytes=self.limits.max_frame_bytes)
+            self.backstop = Backstop(
+                launcher=seccomp_launcher,
+                wrapper=self.env_overlay[p.EXEC_WRAPPER_ENV_VAR],  # after the extras: the one the shell gets
+                policy=policy, context=self.context,
+                max_concurrent=self.limits.max_concurrent, max_bytes=self.limits.max_frame_bytes,
+            )
             self._spawn_task(self.backstop.serve())
         self._spawn_task(self._serve_handshakes())
         self._spawn_task(self._serve_fallback())

@@ -76,8 +76,7 @@ def preload_ld_value() -> str:
         NativeArtifactMissing: the shim was not built.
     """
     flat = preload_library_path()
-    per_abi = [d for d in (_HERE / PER_ABI_DIR).glob("**/" + PRELOAD_LIBRARY_NAME)] if (_HERE / PER_ABI_DIR).is_dir() else []
-    if not per_abi:
+    if not any((_HERE / PER_ABI_DIR).glob("**/" + PRELOAD_LIBRARY_NAME)):
         return str(flat)
     return str(_HERE / PER_ABI_DIR / "$LIB" / PRELOAD_LIBRARY_NAME)
 

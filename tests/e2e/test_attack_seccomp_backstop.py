@@ -43,12 +43,34 @@ EXECIT = r"""
 #include <unistd.h>
 extern char **environ;
 typedef int (*execve_fn)(const char *, char *const[], char *const[]);
+#if defined(VIA_THREAD)
+#include <pthread.h>
+static char **args;
+static void *run(void *unused)
+{
+    (void)unused;
+    syscall(SYS_execve, args[1], args + 1, environ); /* from a thread that is not the leader */
+    return NULL;
+}
+#endif
 int main(int argc, char **argv)
 {
     if (argc < 2)
         return 2;
 #if defined(VIA_RAW)
     syscall(SYS_execve, argv[1], argv + 1, environ);
+#elif defined(VIA_THREAD)
+    pthread_t t;
+    args = argv;
+    pthread_create(&t, NULL, run, NULL);
+    pthread_join(t, NULL);
+#elif defined(VIA_DIRFD)
+    /* execveat(dirfd, "name", ...): the path relative to an open directory */
+    char *slash = strrchr(argv[1], '/');
+    *slash = '\0';
+    int dir = open(argv[1], O_RDONLY | O_DIRECTORY);
+    *slash = '/';
+    syscall(SYS_execveat, dir, slash + 1, argv + 1, environ, 0);
 #elif defined(VIA_FEXECVE)
     fexecve(open(argv[1], O_RDONLY), argv + 1, environ); /* execveat(fd, "", ..., AT_EMPTY_PATH) */
 #elif defined(VIA_MEMFD)
@@ -165,6 +187,8 @@ CASES = {
     "gcc-static": "{bin}/execit-static {prog}",
     "raw-syscall": "{bin}/execit-raw {prog}",
     "static-fexecve": "{bin}/execit-fexecve {prog}",
+    "execveat-dirfd": "{bin}/execit-dirfd {prog}",
+    "raw-syscall-in-a-thread": "{bin}/execit-thread {prog}",
     "own-seccomp-listener": "{bin}/own-listener {prog}",
     "ctypes-syscall-59": f"{sys.executable} {{bin}}/execit_ctypes.py {{prog}}",
     "dlvsym-execve": "{bin}/execit-dlvsym {prog}",
@@ -194,6 +218,8 @@ def programs():
     _cc("-O1", "-DVIA_RAW", "-o", str(out / "execit-raw"), str(src))
     _cc("-O1", "-static", "-DVIA_FEXECVE", "-o", str(out / "execit-fexecve"), str(src))
     _cc("-O1", "-static", "-DVIA_MEMFD", "-o", str(out / "execit-memfd"), str(src))
+    _cc("-O1", "-static", "-DVIA_DIRFD", "-o", str(out / "execit-dirfd"), str(src))
+    _cc("-O1", "-DVIA_THREAD", "-pthread", "-o", str(out / "execit-thread"), str(src))
     (out / "own-listener.c").write_text(OWN_LISTENER)
     _cc("-O1", "-o", str(out / "own-listener"), str(out / "own-listener.c"))
     _cc("-O1", "-DVIA_DLVSYM", "-o", str(out / "execit-dlvsym"), str(src), "-ldl")
