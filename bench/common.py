@@ -92,6 +92,18 @@ def timed_run(argv: list[str], *, cwd: str, env: dict[str, str] | None = None) -
     return elapsed
 
 
+def cpu_run(argv: list[str], *, cwd: str, env: dict[str, str] | None = None) -> float:
+    """CPU seconds (user + system) of one run of ``argv`` and of every descendant it reaped
+    (getrusage(2) through wait4). Less sensitive to a loaded machine than wall time. Raises on a
+    non-zero status."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv[:4]}… exited {proc.returncode}")
+    return usage.ru_utime + usage.ru_stime
+
+
 def vm_kib(pid: int | str, key: str) -> int:
     """A ``/proc/PID/status`` field in KiB (``VmHWM`` = peak RSS, ``VmRSS``), see proc(5)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -33,6 +33,7 @@ FIGURE_NAMES = (
     "cold_start_ms", "run_native_ms_per_exec", "run_python_ms_per_exec", "escalate_native_ms_per_exec",
     "decision_p50_ms", "decision_p99_ms", "decision_max_ms", "decision_rate_achieved",
     "throughput_decisions_per_s", "throughput_errors", "server_rss_100_sessions_mb", "policy_rss_after_load_mb",
+    "run_native_backstop_share_ms", "run_native_backstop_cpu_ms", "backstop_decided_ms_per_exec",
 )
 
 MODES = {
@@ -111,6 +112,7 @@ def run(params: dict[str, float]) -> list[Figure]:
             add(sessions.policy_memory(service.pid, ready_hwm))
         finally:
             service.stop()
+        add(execpath.backstop_share(int(params["run_n"]), int(params["run_reps"]), cwd))
     return figs
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up execgate on a fresh Debian machine: the system tools it and its tests use (bubblewrap,
-# shells, a C compiler for the preload shim and native wrapper, headless Chromium and its WebDriver
-# for the approval page's browser test, …), then a virtualenv `.venv`
+# shells, a C compiler for the preload shim and native wrapper, a 32-bit toolchain (gcc-multilib) for
+# the shim's i386 build, busybox-static and Go for the seccomp backstop's tests, headless Chromium and
+# its WebDriver for the approval page's browser test, …), then a virtualenv `.venv`
 # (or $EXECGATE_VENV) with execgate and its test dependencies installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +11,8 @@ cd "$(dirname "$0")/.."
 need=(bubblewrap:bwrap zsh:zsh dash:dash bash:bash strace:strace make:make perl:perl curl:curl
       git:git gcc:gcc libc6-dev:/usr/include/stdio.h findutils:find docker-compose:docker-compose
       acl:setfacl util-linux:setpriv passwd:useradd
-      chromium:/usr/bin/chromium chromium-driver:/usr/bin/chromedriver)
+      chromium:/usr/bin/chromium chromium-driver:/usr/bin/chromedriver
+      gcc-multilib:/usr/lib32/crt1.o busybox-static:busybox golang-go:go)
 missing=()
 for pair in "${need[@]}"; do
     pkg="${pair%%:*}" cmd="${pair#*:}"

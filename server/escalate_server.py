@@ -14,6 +14,8 @@ parts of execgate, all optional constructor arguments:
 * ``exec(env=..., on_output=...)`` — the shell's base environment, and a callback receiving output
   chunks as they arrive so that a CLI can stream them live.
 * the fallback socket path of each session (``EXECGATE_SOCKET_PATH``, :mod:`.session`).
+* ``seccomp_launcher`` — the seccomp backstop: every exec of the session's processes reaches the
+  server, whatever made it (:mod:`execgate.server.backstop`).
 
 Note: the package ``execgate.server`` re-exports nothing, so that the per-exec wrapper can import
 :mod:`execgate.server.protocol` without loading asyncio; import from this module.
@@ -102,6 +104,8 @@ class EscalateServer:
         socket_dir: parent directory of the sessions' private fallback-socket directories
             (default ``/tmp`` whatever ``TMPDIR`` says; keep it short: AF_UNIX paths are limited
             to 108 bytes).
+        seccomp_launcher: path of ``execgate-seccomp-launch``: each session's shell is started under
+            the seccomp backstop (:mod:`execgate.server.backstop`); None: no backstop.
     """
 
     def __init__(
@@ -115,6 +119,7 @@ class EscalateServer:
         extra_env: ExtraEnv | None = None,
         limits: Limits | None = None,
         socket_dir: str | None = None,
+        seccomp_launcher: str | None = None,
     ) -> None:
         self.shell = shell
         self.wrapper = os.path.abspath(wrapper)
@@ -124,6 +129,7 @@ class EscalateServer:
         self.extra_env = extra_env
         self.limits = limits or Limits()
         self.socket_dir = socket_dir
+        self.seccomp_launcher = seccomp_launcher
 
     def start_session(self, session_id: str | None = None, labels: Mapping[str, str] | None = None) -> Session:
         """Create a session and start serving it (needs a running event loop).
@@ -143,11 +149,14 @@ class EscalateServer:
             extra_env=self.extra_env,
             limits=self.limits,
             socket_dir=self.socket_dir,
+            seccomp_launcher=self.seccomp_launcher,
         )
 
     def shell_argv(self, command: str, *, login: bool, session: Session, workdir: str) -> list[str]:
         """``[shell, "-c"|"-lc", command]``, passed through the launcher hook if any."""
         argv = [self.shell, "-lc" if login else "-c", command]
+        if session.backstop is not None:  # inside any sandbox: bwrap's own execs stay unnotified
+            argv = session.backstop.launch_argv(argv)
         if self.launcher is None:
             return argv
         if hasattr(self.launcher, "launch_argv"):
@@ -191,13 +200,14 @@ class EscalateServer:
             async with self.start_session(session_id, labels) as session:
                 argv = self.shell_argv(command, login=login, session=session, workdir=workdir)
                 shell_env = {**(os.environ if env is None else env), **session.env_overlay}
+                fds = (session.client_fd,) + ((session.backstop.client_fd,) if session.backstop else ())
                 try:
-                    shell = spawn(
-                        argv, env=shell_env, cwd=workdir, stdio=capture.write_ends(), pass_fds=(session.client_fd,)
-                    )
+                    shell = spawn(argv, env=shell_env, cwd=workdir, stdio=capture.write_ends(), pass_fds=fds)
                 finally:
                     capture.close_write_ends()
                     session.close_client_socket()
+                    if session.backstop is not None:
+                        session.backstop.close_client()
                 capture.start()
                 status, timed_out = await _wait_shell(shell, timeout_s)
                 duration = time.monotonic() - started

@@ -79,12 +79,15 @@ async def handle_connection(
     context: SessionContext,
     limits: Limits,
     on_spawn: Callable[[ChildProcess], None],
+    on_run: Callable[[str, list[str]], None] | None = None,
 ) -> None:
     """Serve one exec on ``conn`` (non-blocking stream socket, owned and closed here).
 
     Args:
         on_spawn: called with each escalated child right after it starts, so that the session can
             kill its process group when the session closes.
+        on_run: called with the program (absolute) and argv just before a Run answer is sent
+            (the seccomp backstop lets the wrapper's exec of exactly that through undecided).
 
     Never raises for peer errors (they are logged); propagates cancellation.
     """
@@ -95,6 +98,8 @@ async def handle_connection(
         program = resolve_program(request.file, request.workdir)
         decision = await _decide(policy, program, request, context)
         if decision.action == "run":
+            if on_run is not None:
+                on_run(program, list(request.argv))
             await _send(conn, p.EscalateResponse("Run"))
         elif decision.action == "escalate":
             await _escalate(conn, policy, program, request, decision, context, limits, on_spawn)

@@ -76,6 +76,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         help="execve wrapper run once per exec (default: native)")
     parser.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto",
                         help="auto: bwrap when it works here (default); bwrap: require it; none: unconfined")
+    parser.add_argument("--seccomp", choices=("auto", "on", "off"), default="auto",
+                        help="seccomp backstop: every exec of the session reaches the gate, whatever made it "
+                             "(static and Go programs, raw system calls); auto: on where the kernel allows it (default)")
     parser.add_argument("--timeout", metavar="SECONDS", type=_seconds, default=None,
                         help="kill the script and everything it started after SECONDS (status 124)")
     parser.add_argument("--cwd", metavar="DIR", default=None, help="working directory (default: the current one)")
@@ -320,6 +323,7 @@ class _Plan:
     wrapper: Path
     sandbox: object  # execgate.server.sandbox.ShellSandbox
     extra_env: object
+    seccomp: tuple[str | None, str]  # (launcher path or None, note)
     workdir: str
     labels: dict[str, str]
     token: str | None
@@ -345,11 +349,41 @@ def _plan(args: argparse.Namespace) -> _Plan:
     token = token_from_file(args.token_file)
     wrapper = wrapper_path(args.wrapper)
     visible, extra_env = interception_env(args.intercept, wrapper, shell)
+    seccomp = choose_seccomp(args.seccomp)
+    if seccomp[0] is not None:
+        visible.append(str(Path(seccomp[0]).parent))
     try:
         sandbox = choose_sandbox(args.sandbox, workdir=workdir, readable=[sys.prefix, *visible])
     except SandboxError as exc:
         raise RunSetupError(f"--sandbox bwrap: {exc}") from exc
-    return _Plan(shell, wrapper, sandbox, extra_env, workdir, labels, token, tls_credentials(args))
+    return _Plan(shell, wrapper, sandbox, extra_env, seccomp, workdir, labels, token, tls_credentials(args))
+
+
+def choose_seccomp(mode: str) -> tuple[str | None, str]:
+    """Resolve ``--seccomp auto|on|off``: the launcher to use (None: no backstop) and a note
+    ("seccomp backstop: on" / "off (why)") for the user.
+
+    Raises:
+        RunSetupError: ``on`` and the backstop cannot work here.
+    """
+    import subprocess
+
+    from execgate.wrapper.artifacts import NativeArtifactMissing, seccomp_launcher_path
+
+    if mode == "off":
+        return None, "seccomp backstop: off (--seccomp off)"
+    try:
+        launcher = str(seccomp_launcher_path())
+        done = subprocess.run([launcher, "--probe"], capture_output=True, text=True, timeout=10, check=False)
+        reason = None if done.returncode == 0 else (done.stderr.strip() or f"probe status {done.returncode}")
+    except (NativeArtifactMissing, OSError, subprocess.TimeoutExpired) as exc:
+        launcher, reason = "", str(exc)
+    if reason is None:
+        return launcher, "seccomp backstop: on"
+    if mode == "on":
+        raise RunSetupError(f"--seccomp on: {reason}")
+    return None, f"seccomp backstop: off ({reason})"
+
 
 
 def tls_credentials(args: argparse.Namespace) -> object:
@@ -377,6 +411,7 @@ async def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"execgate: {plan.sandbox.note}", file=sys.stderr, flush=True)  # type: ignore[attr-defined]
         print(f"execgate: {rules}", file=sys.stderr, flush=True)
+        print(f"execgate: {plan.seccomp[1]}", file=sys.stderr, flush=True)
     received = _cancel_on_signals()
     try:
         return await _run_session(args, plan)
@@ -417,7 +452,8 @@ async def _run_session(args: argparse.Namespace, plan: _Plan) -> int:
         policy = GrpcPolicy(endpoint.address, token=token, tls=plan.tls)  # type: ignore[arg-type]
         try:
             server = EscalateServer(plan.shell, str(plan.wrapper), policy, launcher=plan.sandbox,  # type: ignore[arg-type]
-                                    extra_env=plan.extra_env)  # type: ignore[arg-type]
+                                    extra_env=plan.extra_env,  # type: ignore[arg-type]
+                                    seccomp_launcher=plan.seccomp[0])
             result = await server.exec(
                 script_text(args.script), plan.workdir, timeout_s=args.timeout, login=args.login,
                 on_output=None if args.json else _stream, labels=plan.labels,

@@ -17,6 +17,9 @@ A session owns:
   decisions at once; further connections wait for a slot in arrival order (never refused for
   this); an escalated command gives its slot back once started. Only past ``max_connections``
   connections held at once (waiting, deciding or supervising) is an exec denied, saying so.
+* optionally the seccomp backstop (:mod:`.backstop`, ``seccomp_launcher``): the shell is started by
+  a launcher whose seccomp listener the session serves, so that every exec of its processes reaches
+  the policy; the per-exec handler tells it (``on_run``) what the wrapper was just allowed to run.
 * every escalated process group it started: closing the session (``async with`` exit,
   :meth:`Session.close`, or cancellation of the owner) SIGTERMs them, SIGKILLs them after the grace
   period and reaps the leaders.
@@ -39,6 +42,7 @@ import uuid
 from typing import Callable, Mapping, Union
 
 from execgate.server import protocol as p
+from execgate.server.backstop import Backstop
 from execgate.server.escalation import Limits, handle_connection
 from execgate.server.fdpass import close_fds, encode_frame, recv_datagram, wait_readable
 from execgate.server.policy import Permissions, Policy, SessionContext
@@ -78,6 +82,7 @@ class Session:
         extra_env: ExtraEnv | None = None,
         limits: Limits | None = None,
         socket_dir: str | None = None,
+        seccomp_launcher: str | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()  # RuntimeError before any resource exists
         self.policy = policy
@@ -112,6 +117,16 @@ class Session:
             p.SOCKET_PATH_ENV_VAR: self.socket_path,
         }
         self.env_overlay.update(extra_env(self) if callable(extra_env) else (extra_env or {}))
+        #: The seccomp backstop (:mod:`.backstop`) when a launcher was given, else None.
+        self.backstop: Backstop | None = None
+        if seccomp_launcher is not None:
+            self.backstop = Backstop(
+                launcher=seccomp_launcher,
+                wrapper=self.env_overlay[p.EXEC_WRAPPER_ENV_VAR],  # after the extras: the one the shell gets
+                policy=policy, context=self.context,
+                max_concurrent=self.limits.max_concurrent, max_bytes=self.limits.max_frame_bytes,
+            )
+            self._spawn_task(self.backstop.serve())
         self._spawn_task(self._serve_handshakes())
         self._spawn_task(self._serve_fallback())
 
@@ -152,6 +167,8 @@ class Session:
             return
         self._closed = True
         await _cancel(self._tasks)
+        if self.backstop is not None:
+            await self.backstop.close()
         self._server_sock.close()
         self._listener.close()
         self.close_client_socket()
@@ -238,6 +255,10 @@ class Session:
             conn.close()
             raise
         held = True
+        on_run = None
+        if self.backstop is not None:
+            pid, backstop = _peer_pid(conn), self.backstop  # the wrapper: it made the socket (unix(7))
+            on_run = None if pid is None else (lambda program, argv: backstop.expect(pid, program, argv))
 
         def release() -> None:
             nonlocal held
@@ -251,7 +272,7 @@ class Session:
 
         try:
             await handle_connection(conn, policy=self.policy, context=self.context, limits=self.limits,
-                                    on_spawn=on_spawn)
+                                    on_spawn=on_spawn, on_run=on_run)
         finally:
             release()
 
@@ -299,6 +320,15 @@ def _listen(path: str) -> socket.socket:
         listener.close()
         raise
     return listener
+
+
+def _peer_pid(conn: socket.socket) -> int | None:
+    """The peer's pid in our pid namespace (``SO_PEERCRED``; 0 if it is outside it), or None."""
+    try:
+        pid, _, _ = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    except OSError:
+        return None
+    return pid or None
 
 
 def _peer_uid(conn: socket.socket) -> int | None:

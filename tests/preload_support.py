@@ -5,7 +5,8 @@ Loaded as a pytest plugin by tests/conftest.py, which provides the ``gate`` fixt
 below tests/: pytest would shadow the root ``conftest`` module that other tests import from).
 
 The server is the real ``execgate.server.escalate_server.EscalateServer``, run on a uvloop event
-loop as in production, with the shim's variables added per session by ``preload_extra_env``.
+loop as in production, with the shim's variables added per session by ``preload_extra_env`` and,
+as ``execgate run`` does by default, the seccomp backstop on (``Gate.seccomp``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 import pytest
 import uvloop
 
-from execgate.wrapper.artifacts import native_wrapper_path
+from execgate.wrapper.artifacts import native_wrapper_path, seccomp_launcher_path
 from execgate.wrapper.interception import preload_extra_env
 
 from execgate.server.escalate_server import EscalateServer
@@ -87,6 +88,8 @@ class Gate:
     launcher: Callable[[list[str], str, str], list[str]] | None = None
     #: ``EXEC_WRAPPER``; default the native wrapper.
     wrapper: str | None = None
+    #: Start the shell under the seccomp backstop (as ``execgate run`` does by default).
+    seccomp: bool = True
 
     def base_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("EXECGATE_", "LD_", "CODEX_"))}
@@ -110,6 +113,7 @@ class Gate:
         server = EscalateServer(
             shell, self.wrapper or str(native_wrapper_path()), self.policy,
             launcher=launcher if hook else None, extra_env=preload_extra_env(), socket_dir=str(self.socket_dir),
+            seccomp_launcher=str(seccomp_launcher_path()) if self.seccomp else None,
         )
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             res = runner.run(server.exec(script, str(self.workdir), timeout_s=timeout, env=self.base_env()))

@@ -16,6 +16,7 @@ FIGURE_NAMES = (
     "cold_start_ms", "run_native_ms_per_exec", "run_python_ms_per_exec", "escalate_native_ms_per_exec",
     "decision_p50_ms", "decision_p99_ms", "decision_max_ms", "decision_rate_achieved",
     "throughput_decisions_per_s", "throughput_errors", "server_rss_100_sessions_mb", "policy_rss_after_load_mb",
+    "run_native_backstop_share_ms", "run_native_backstop_cpu_ms", "backstop_decided_ms_per_exec",
 )
 
 

@@ -1,8 +1,10 @@
 """Where the compiled native interception code lives at run time.
 
-``pip install`` (and ``pip install -e``) compile two files next to this module (see ``setup.py``):
-the LD_PRELOAD shim ``libexecgate_preload.so`` and the native execve wrapper
-``execgate-wrapper-native``. Both are platform-specific; the sources are in ``native/``.
+``pip install`` (and ``pip install -e``) compile, next to this module (see ``setup.py``): the
+LD_PRELOAD shim ``libexecgate_preload.so``, the native execve wrapper ``execgate-wrapper-native``,
+the seccomp backstop's launcher ``execgate-seccomp-launch`` (x86_64) and the shim once per ABI under
+``preload/<what ld.so expands $LIB to>/`` (x86_64, and i386 where gcc-multilib is present). All are
+platform-specific; the sources are in ``native/``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ from pathlib import Path
 PRELOAD_LIBRARY_NAME = "libexecgate_preload.so"
 #: File name of the native execve wrapper (built from ``native/wrapper.c``).
 NATIVE_WRAPPER_NAME = "execgate-wrapper-native"
+#: File name of the seccomp backstop's launcher (built from ``native/seccomp_launch.c``).
+SECCOMP_LAUNCHER_NAME = "execgate-seccomp-launch"
+#: Directory of the per-ABI shims; ``$LIB`` (ld.so(8), "Dynamic string tokens") picks one.
+PER_ABI_DIR = "preload"
 
 _HERE = Path(__file__).resolve().parent
 _REBUILD_HINT = (
@@ -49,3 +55,36 @@ def native_wrapper_path() -> Path:
         NativeArtifactMissing: the wrapper was not built; the message says how to rebuild.
     """
     return _find(NATIVE_WRAPPER_NAME, executable=True)
+
+
+def seccomp_launcher_path() -> Path:
+    """Absolute path of the ``execgate-seccomp-launch`` executable.
+
+    Raises:
+        NativeArtifactMissing: not built (no C compiler, or not x86_64).
+    """
+    return _find(SECCOMP_LAUNCHER_NAME, executable=True)
+
+
+def preload_ld_value() -> str:
+    """The shim as ``LD_PRELOAD`` names it: ``<dir>/preload/$LIB/libexecgate_preload.so`` when the
+    per-ABI builds are installed (a 32-bit program then loads the i386 build; the literal ``$LIB``
+    is expanded by the loader of each program, per its ABI), else the single
+    :func:`preload_library_path`.
+
+    Raises:
+        NativeArtifactMissing: the shim was not built.
+    """
+    flat = preload_library_path()
+    if not any((_HERE / PER_ABI_DIR).glob("**/" + PRELOAD_LIBRARY_NAME)):
+        return str(flat)
+    return str(_HERE / PER_ABI_DIR / "$LIB" / PRELOAD_LIBRARY_NAME)
+
+
+def has_32bit_shim() -> bool:
+    """True if an i386 build of the shim is installed (see :func:`preload_ld_value`)."""
+    for path in (_HERE / PER_ABI_DIR).glob("**/" + PRELOAD_LIBRARY_NAME):
+        with open(path, "rb") as f:
+            if f.read(5)[4:5] == b"\x01":  # EI_CLASS == ELFCLASS32 (elf(5))
+                return True
+    return False

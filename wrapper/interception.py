@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from execgate.wrapper.artifacts import native_wrapper_path, preload_library_path
+from execgate.wrapper.artifacts import native_wrapper_path, preload_ld_value, preload_library_path
 
 #: The shim's variables (all ``EXECGATE_``-prefixed, docs/DESIGN.md §2).
 SOCKET_ID_ENV_VAR = "EXECGATE_SOCKET_ID"
@@ -45,13 +45,15 @@ def preload_env(
         max_depth: limit of gated execs along one ancestry (``EXECGATE_MAX_DEPTH``; default 128).
 
     Returns:
-        ``{"LD_PRELOAD": ..., "EXEC_WRAPPER": ..., [EXECGATE_* ...]}``; all paths absolute.
+        ``{"LD_PRELOAD": ..., "EXEC_WRAPPER": ..., [EXECGATE_* ...]}``; all paths absolute
+        (``LD_PRELOAD`` may contain the loader's ``$LIB`` token, see
+        :func:`~execgate.wrapper.artifacts.preload_ld_value`).
 
     Raises:
         NativeArtifactMissing: the shim (or the default wrapper) was not built.
     """
     wrapper = Path(wrapper_path) if wrapper_path is not None else native_wrapper_path()
-    preload = str(preload_library_path())
+    preload = preload_ld_value()  # per-ABI ($LIB) when installed: 32-bit programs are gated too
     if base_ld_preload:
         preload = f"{preload}:{base_ld_preload}"
     env = {"LD_PRELOAD": preload, "EXEC_WRAPPER": str(wrapper.absolute())}

@@ -215,10 +215,10 @@ def test_an_oversized_environment_is_e2big_as_without_execgate(tmp_path):
 
 
 def test_the_callers_ld_preload_is_kept_after_the_shim(tmp_path):
-    from execgate.wrapper.artifacts import preload_library_path
+    from execgate.wrapper.artifacts import preload_ld_value
 
     env = {**os.environ, "LD_PRELOAD": "libm.so.6"}
     done = execgate("run", "-q", "--sandbox", "none", "--cwd", str(tmp_path), "--", "/usr/bin/printenv LD_PRELOAD",
                     env=env)
     assert done.returncode == 0, done.stderr
-    assert done.stdout == f"{preload_library_path()}:libm.so.6\n"
+    assert done.stdout == f"{preload_ld_value()}:libm.so.6\n"

@@ -249,6 +249,25 @@ static int eg_is_wrapper_process(void)
     return 0;
 }
 
+#ifdef EG_LIB_DIR
+/*
+ * This build is installed as <dir>/<EG_LIB_DIR>/libexecgate_preload.so, EG_LIB_DIR being what the
+ * loader expands "$LIB" to for this ABI (ld.so(8), "Dynamic string tokens"; Debian: lib/x86_64-linux-gnu
+ * and lib32), next to the other ABI's build. Name this library <dir>/$LIB/libexecgate_preload.so in
+ * the LD_PRELOAD it hands on, so that a child of either ABI loads its own build.
+ */
+static void eg_self_lib_token(void)
+{
+    static const char tail[] = "/" EG_LIB_DIR "/libexecgate_preload.so";
+    size_t n = strlen(eg_self), t = sizeof tail - 1;
+    if (n <= t || strcmp(eg_self + n - t, tail) != 0)
+        return;
+    static const char token[] = "/$LIB/libexecgate_preload.so";
+    if (n - t + sizeof token <= sizeof eg_self)
+        memcpy(eg_self + n - t, token, sizeof token);
+}
+#endif
+
 static void eg_init(void)
 {
     Dl_info info;
@@ -269,6 +288,9 @@ static void eg_init(void)
     if (dladdr((void *)eg_init, &info) != 0 && info.dli_fname != NULL &&
         strlen(info.dli_fname) < sizeof eg_self)
         strcpy(eg_self, info.dli_fname);
+#ifdef EG_LIB_DIR
+    eg_self_lib_token();
+#endif
     snprintf(eg_preload_entry, sizeof eg_preload_entry, "LD_PRELOAD=%s", eg_self);
     eg_depth = eg_parse_ulong(getenv(EG_ENV_DEPTH));
     if (eg_depth < 0)
