@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up execgate on a fresh Debian machine: the system tools it and its tests use (bubblewrap,
-# shells, a C compiler for the preload shim and native wrapper, …), then a virtualenv `.venv`
+# shells, a C compiler for the preload shim and native wrapper, a Docker engine and debootstrap for
+# the compose stack's test, …), then a virtualenv `.venv`
 # (or $EXECGATE_VENV) with execgate and its test dependencies installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,7 +9,7 @@ cd "$(dirname "$0")/.."
 # package:command pairs; a package is installed only when its command is missing.
 need=(bubblewrap:bwrap zsh:zsh dash:dash bash:bash strace:strace make:make perl:perl curl:curl
       git:git gcc:gcc libc6-dev:/usr/include/stdio.h findutils:find docker-compose:docker-compose
-      acl:setfacl util-linux:setpriv passwd:useradd)
+      acl:setfacl util-linux:setpriv passwd:useradd docker.io:dockerd debootstrap:debootstrap)
 missing=()
 for pair in "${need[@]}"; do
     pkg="${pair%%:*}" cmd="${pair#*:}"
