@@ -9,6 +9,14 @@ if docker info >/dev/null 2>&1; then
     echo "dockerd: already running"
     exit 0
 fi
+# A machine whose processes were all ended keeps the pid files; if such a pid now belongs to another
+# program, dockerd (or the containerd it supervises) takes it for a running instance and waits on it.
+for pair in dockerd:/var/run/docker.pid containerd:/var/run/docker/containerd/containerd.pid; do
+    name="${pair%%:*}" file="${pair#*:}"
+    if [ -s "$file" ] && [ "$(cat "/proc/$(cat "$file")/comm" 2>/dev/null)" != "$name" ]; then
+        rm -f "$file"
+    fi
+done
 log="${EXECGATE_DOCKERD_LOG:-/var/log/execgate-ci/dockerd.log}"
 mkdir -p "$(dirname "$log")"
 echo "== dockerd started $(date -u +%FT%TZ)" >>"$log"
