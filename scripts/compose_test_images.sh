@@ -42,12 +42,14 @@ trap 'rm -rf "${scratch[@]}"' EXIT
 log() { printf 'compose-images: %s\n' "$*" >&2; }
 
 debian_mirror() {
-    # The first apt source (one-line or deb822 format) that serves $SUITE's main component.
+    # The Debian archive in this machine's apt sources (one-line or deb822 format): a `deb` source
+    # of $SUITE's main component, else of any release's main (an archive mirror serves every
+    # release; -security and -updates suites are other archives or partial ones).
     if [ -n "${EXECGATE_DEBIAN_MIRROR:-}" ]; then echo "$EXECGATE_DEBIAN_MIRROR"; return; fi
-    "$PYTHON" - "$SUITE" /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources <<'EOF'
+    "$PYTHON" - "$SUITE" /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources <<'PY'
 import re, sys
-suite, paths = sys.argv[1], sys.argv[2:]
-def stanzas(text):
+
+def deb822(text):
     for block in re.split(r"\n\s*\n", text):
         fields, last = {}, None
         for line in block.splitlines():
@@ -56,26 +58,34 @@ def stanzas(text):
             if line[0].isspace() and last:
                 fields[last] += " " + line.strip()
             elif ":" in line:
-                last, value = line.split(":", 1)
-                fields[last.strip().lower()] = value.strip()
-        yield fields
-for path in paths:
+                key, value = line.split(":", 1)
+                last = key.strip().lower()
+                fields[last] = value.strip()
+        if "deb" in fields.get("types", "").split() and fields.get("enabled", "yes").lower() != "no":
+            for uri in fields.get("uris", "").split()[:1]:
+                for suite in fields.get("suites", "").split():
+                    yield uri, suite, fields.get("components", "").split()
+
+def one_line(text):
+    for line in text.splitlines():
+        words = re.sub(r"\[[^]]*\]", "", line.split("#", 1)[0]).split()
+        if len(words) >= 4 and words[0] == "deb":
+            yield words[1], words[2], words[3:]
+
+want, sources = sys.argv[1], []
+for path in sys.argv[2:]:
     try:
         text = open(path, encoding="utf-8").read()
     except OSError:
         continue
-    if path.endswith(".sources"):
-        for f in stanzas(text):
-            if ("deb" in f.get("types", "").split() and suite in f.get("suites", "").split()
-                    and "main" in f.get("components", "").split() and f.get("enabled", "yes") != "no"):
-                print(f["uris"].split()[0]); sys.exit(0)
-    else:
-        for line in text.splitlines():
-            words = re.sub(r"\[[^]]*\]", "", line.split("#", 1)[0]).split()
-            if len(words) >= 4 and words[0] == "deb" and words[2] == suite and "main" in words[3:]:
-                print(words[1]); sys.exit(0)
-sys.exit(f"no apt source serves {suite} main (set EXECGATE_DEBIAN_MIRROR)")
-EOF
+    sources += deb822(text) if path.endswith(".sources") else one_line(text)
+main = [(uri, suite) for uri, suite, components in sources if "main" in components]
+for uri, suite in sorted(main, key=lambda source: source[1] != want):
+    if suite == want or ("-" not in suite and "/" not in suite):
+        print(uri)
+        sys.exit(0)
+sys.exit(f"no Debian archive in the apt sources (set EXECGATE_DEBIAN_MIRROR to one serving {want})")
+PY
 }
 
 image_key() { docker image inspect -f '{{ index .Config.Labels "execgate.key" }}' "$1" 2>/dev/null || true; }
