@@ -162,6 +162,7 @@ def _inspect(container: str, template: str) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_compose_stack_runs_in_docker(compose_images: str, short_tmp: Path):
+    print(compose_images)  # the image build's steps and timings, shown when the test fails
     workspace = short_tmp / "workspace"
     shutil.copytree(ROOT / "examples" / "workspace", workspace)
     workspace.chmod(0o777)  # the services run as the image's user execgate (uid 1000)
