@@ -2,7 +2,8 @@
 # Set up execgate on a fresh Debian machine: the system tools it and its tests use (bubblewrap,
 # shells, a C compiler for the preload shim and native wrapper, a 32-bit toolchain (gcc-multilib) for
 # the shim's i386 build, busybox-static and Go for the seccomp backstop's tests, headless Chromium and
-# its WebDriver for the approval page's browser test, …), then a virtualenv `.venv`
+# its WebDriver for the approval page's browser test, a Docker engine and debootstrap for the compose
+# stack's test, …), then a virtualenv `.venv`
 # (or $EXECGATE_VENV) with execgate and its test dependencies installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +11,7 @@ cd "$(dirname "$0")/.."
 # package:command pairs; a package is installed only when its command is missing.
 need=(bubblewrap:bwrap zsh:zsh dash:dash bash:bash strace:strace make:make perl:perl curl:curl
       git:git gcc:gcc libc6-dev:/usr/include/stdio.h findutils:find docker-compose:docker-compose
-      acl:setfacl util-linux:setpriv passwd:useradd
+      acl:setfacl util-linux:setpriv passwd:useradd docker.io:dockerd debootstrap:debootstrap
       chromium:/usr/bin/chromium chromium-driver:/usr/bin/chromedriver
       gcc-multilib:/usr/lib32/crt1.o busybox-static:busybox golang-go:go)
 missing=()
