@@ -353,10 +353,23 @@ def _plan(args: argparse.Namespace) -> _Plan:
     if seccomp[0] is not None:
         visible.append(str(Path(seccomp[0]).parent))
     try:
-        sandbox = choose_sandbox(args.sandbox, workdir=workdir, readable=[sys.prefix, *visible])
+        sandbox = choose_sandbox(args.sandbox, workdir=workdir, readable=[sys.prefix, *visible],
+                                 hidden=policy_credentials(args))
     except SandboxError as exc:
         raise RunSetupError(f"--sandbox bwrap: {exc}") from exc
     return _Plan(shell, wrapper, sandbox, extra_env, seccomp, workdir, labels, token, tls_credentials(args))
+
+
+def policy_credentials(args: argparse.Namespace) -> list[str]:
+    """Files of a remote policy service that the session must not reach: its Unix socket and the
+    token and TLS key files ``execgate run`` uses (the decision endpoint is the server's, not the
+    session's; docs/DESIGN.md §8). They are covered inside the sandbox (:class:`ShellSandbox`)."""
+    from execgate.policy_service.transport import unix_path
+
+    files = [args.token_file, args.tls_key] if args.policy else []
+    if args.policy:
+        files.append(unix_path(args.policy))
+    return [os.path.abspath(f) for f in files if f]
 
 
 def choose_seccomp(mode: str) -> tuple[str | None, str]:

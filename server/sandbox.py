@@ -134,6 +134,7 @@ def bwrap_argv(
     private_tmp: bool = True,
     extra_binds: Sequence[str] = (),
     bwrap: str | None = None,
+    hidden: Sequence[str] = (),
 ) -> list[str]:
     """The bwrap prefix that confines a command to ``permissions`` (module doc: what it holds).
 
@@ -147,6 +148,9 @@ def bwrap_argv(
         extra_binds: absolute paths bound **read-only** last (the session's socket directory);
             none may lie in or contain a writable root, where its parent could be renamed away.
         bwrap: absolute path of bwrap; default :func:`find_bwrap`.
+        hidden: absolute paths of files that must not be reachable inside (a policy service's
+            socket, a token file): each existing one is covered by ``/dev/null``, mounted last,
+            so that connect(2) on a socket there is refused and a read gets nothing.
 
     Returns:
         ``[bwrap, flags…, "--"]``: append the command's argv to it.
@@ -177,6 +181,11 @@ def bwrap_argv(
         argv += ["--bind-try", root, root]
     for bind in extra_binds:
         argv += ["--ro-bind", bind, bind]
+    for path in hidden:
+        # Only what exists (a missing path would be created as a mount point by bwrap); a
+        # non-directory only: /dev/null cannot cover a directory.
+        if os.path.isabs(path) and os.path.lexists(path) and not os.path.isdir(path):
+            argv += ["--ro-bind", "/dev/null", path]
     if not permissions.network:
         argv.append("--unshare-net")
     argv += ["--chdir", cwd, "--"]
@@ -226,12 +235,17 @@ class ShellSandbox:
         permissions: what the shell may do; sent to the policy as the session's sandbox profile
             (None when unconfined).
         note: one line saying what was chosen and why, for the user.
+        bwrap: the absolute bwrap used.
+        hidden: files covered inside the sandbox (see :func:`bwrap_argv`): a remote policy
+            service's Unix socket and the token and key files of ``execgate run``, so that the
+            session cannot reach the decision endpoint with them.
     """
 
     mode: Literal["bwrap", "none"]
     permissions: Permissions | None
     note: str
     bwrap: str | None = None
+    hidden: tuple[str, ...] = ()
 
     def launch_argv(self, shell_argv: Sequence[str], *, cwd: str, extra_binds: Sequence[str] = ()) -> list[str]:
         """Turn the shell's argv into the argv actually spawned (a bwrap prefix, or unchanged).
@@ -243,7 +257,8 @@ class ShellSandbox:
         """
         if self.mode == "none" or self.permissions is None:
             return list(shell_argv)
-        return bwrap_argv(self.permissions, cwd=cwd, extra_binds=extra_binds, bwrap=self.bwrap) + list(shell_argv)
+        return bwrap_argv(self.permissions, cwd=cwd, extra_binds=extra_binds, bwrap=self.bwrap,
+                          hidden=self.hidden) + list(shell_argv)
 
 
 def choose_sandbox(
@@ -253,12 +268,14 @@ def choose_sandbox(
     writable: Sequence[str] = (),
     readable: Sequence[str] = (),
     bwrap_dirs: Sequence[str] = TRUSTED_BIN_DIRS,
+    hidden: Sequence[str] = (),
 ) -> ShellSandbox:
     """Resolve ``--sandbox auto|bwrap|none`` for a shell working in ``workdir``.
 
     ``readable`` lists paths that must stay visible even under the private ``/tmp`` (execgate's
     own install prefix, the wrapper, the preload shim: a virtualenv may live under /tmp).
-    ``bwrap_dirs``: where bwrap is looked for (:func:`find_bwrap`).
+    ``bwrap_dirs``: where bwrap is looked for (:func:`find_bwrap`). ``hidden``: files covered
+    inside (see :class:`ShellSandbox`).
 
     Raises:
         SandboxError: ``bwrap`` was asked for and cannot run here; or a bwrap sandbox (``auto``
@@ -281,4 +298,5 @@ def choose_sandbox(
     perms = Permissions(network=False, writable_roots=roots, readable_roots=seen)
     chosen = "bwrap" if mode == "bwrap" else "bwrap (auto: bubblewrap works here)"
     note = f"sandbox: {chosen}; read-only root, writable {', '.join(roots)} and a private /tmp, no network"
-    return ShellSandbox("bwrap", perms, note, bwrap=find_bwrap(bwrap_dirs))
+    covered = tuple(dict.fromkeys(os.path.abspath(h) for h in hidden))
+    return ShellSandbox("bwrap", perms, note, bwrap=find_bwrap(bwrap_dirs), hidden=covered)
