@@ -187,20 +187,25 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 
 def test_readable_decision_token_does_not_authorise_approvals(attacker: Attacker) -> None:
-    """(d) a policy service whose decision socket and token file the session can reach."""
+    """(d) a policy service whose decision socket and token file lie in the working directory (the
+    sandbox covers both) and whose Approvals have a credential of their own."""
     work = _prepare(attacker)
     rules = _rules(work, None)
     address = f"unix://{work}/policy.sock"
     proc, token = _serve(attacker, work, address, rules)
     try:
+        # The attacker is told the address and the token file outright (it reads our source).
         done = attacker.execgate("run", "--sandbox", "bwrap", "--policy", address, "--token-file", str(token),
-                                 "--cwd", str(work), "--", _script(), cwd=work)
+                                 "--cwd", str(work), "--", _script(f"--address {address} --token-file {token}"),
+                                 cwd=work)
     finally:
         _stop(proc)
     log = _assert_held(attacker, done, work)
-    assert {"step": "token-file", "path": str(token), "read": True} in log
+    # Inside the sandbox the token file and the socket are covered: nothing to read, nothing to call.
+    reads = [r for r in log if r.get("step") == "token-file" and r.get("path") == str(token)]
+    assert reads and not [r for r in reads if r.get("read")], log
     tried = [r for r in log if r.get("step") == "list" and r.get("where") == address]
-    assert tried and all(r.get("code") == "UNAUTHENTICATED" for r in tried), log
+    assert tried and all(r.get("code") in ("UNAVAILABLE", "UNAUTHENTICATED") for r in tried), log
 
 
 def test_escalated_command_over_tcp_cannot_approve(attacker: Attacker) -> None:

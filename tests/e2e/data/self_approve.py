@@ -4,14 +4,14 @@ Run inside ``execgate run`` (or as an escalated command of it) with the interpre
 execgate venv or its real binary. It looks for every policy-service endpoint and credential it
 can find — Unix sockets under /tmp/execgate-*, $TMPDIR and the working directory, the sockets
 held open by its ancestor processes (/proc/PID/fd mapped through /proc/net/unix), TCP addresses
-given on the command line; token files given, found by name, or named on any visible process's
+and other addresses given on the command line; token files given, found by name, or named on any visible process's
 command line; bearer tokens in the memory of visible execgate processes (/proc/PID/mem) — then
 connects an approver (WatchPending) everywhere it may, writes READY, and answers "approve once"
 to every pending request of its own working directory (ListPending / WatchPending +
 ResolveApproval) until DONE appears. It only ever resolves requests whose workdir is its own
 (other services on this machine are left alone). Every attempt's outcome goes to LOG as JSON.
 
-Usage: python3 self_approve.py SITE_PACKAGES READY DONE LOG [--tcp HOST:PORT]... [--token-file F]...
+Usage: python3 self_approve.py SITE_PACKAGES READY DONE LOG [--tcp HOST:PORT]... [--address GRPC_ADDRESS]... [--token-file F]...
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def main() -> None:
     # uid — as root every other run's directory on this machine is visible too.
     mine = near | {s for s in far if os.getuid() != 0 and owner(os.path.dirname(s)) == os.getuid()}
     endpoints = {f"unix://{s}": s in mine for s in near | far}
-    endpoints.update({address: True for address in options("--tcp")})
+    endpoints.update({address: True for address in options("--tcp") + options("--address")})
     tokens = credentials(near | far)
     note(step="found", endpoints=sorted(endpoints), ours=sorted(a for a, o in endpoints.items() if o),
          tokens=len(tokens))
