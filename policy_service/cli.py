@@ -24,7 +24,7 @@ import sys
 
 import grpc
 
-from execgate.policy_service.transport import AddressError, TlsFiles, client_credentials, read_token
+from execgate.policy_service.transport import AddressError, TlsFiles, client_credentials, is_local_address, read_token
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="seconds a prompt waits for an answer before it is denied (default 60)")
     p.add_argument("--approver-wait", type=float, default=0.0, metavar="S",
                    help="seconds a prompt waits for an approver to connect when none is (default 0)")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow plaintext (no --tls-cert) on a TCP address that is not loopback; anyone who "
+                        "can reach it reads every request and its tokens")
     p.add_argument("--grace", type=float, default=5.0, metavar="S",
                    help="on SIGTERM, seconds in-flight calls get to finish (default 5)")
     p.add_argument("--rules-poll", type=float, default=1.0, metavar="S",
@@ -119,6 +122,11 @@ def _serve(args: argparse.Namespace) -> int:
         token = read_token(args.token_file)
         approvals_token = read_token(args.approvals_token_file)
         _check_approvals_options(args.approvals_listen, token, approvals_token)
+        if not (args.tls_cert or args.insecure):
+            for flag, address in (("--listen", args.listen), ("--approvals-listen", args.approvals_listen)):
+                if address and not is_local_address(address):
+                    raise ValueError(f"{flag} {address}: plaintext on a non-loopback address; give --tls-cert "
+                                     f"and --tls-key, listen on unix:// or 127.0.0.1, or pass --insecure")
     except Exception as exc:  # RulesError, OSError, ValueError: a one-line message, exit 2
         print(f"execgate policy serve: {exc}", file=sys.stderr)
         return 2
