@@ -116,9 +116,19 @@ async def run_approver(
     End of input while idle stops the approver at once; lines read before it are still used
     for the requests they answer.
 
+    The service is asked once (``ListPending``) before anything is read, so that an unreachable
+    service or a refused credential is reported as such, whatever stdin holds.
+
     Returns:
-        0 at end of input or when the service closes the stream; 1 if the stream failed.
+        0 at end of input or when the service closes the stream; 1 if the service could not be
+        reached, refused the credential, or the stream failed (the cause on stderr).
     """
+    try:
+        await approvals_pb2_grpc.ApprovalsStub(channel).ListPending(
+            apb.ListPendingRequest(), timeout=10, metadata=metadata)
+    except grpc.aio.AioRpcError as exc:
+        print(f"execgate approve: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
     reader = LineReader(stdin)
     busy = asyncio.Event()  # set while a request is being answered
     serving = asyncio.ensure_future(_serve(channel, reader, busy, name=name, metadata=metadata, out=out))

@@ -167,6 +167,9 @@ def add_port(server: grpc.aio.Server, address: str, tls: TlsFiles | None) -> str
             raise AddressError("TLS is for TCP addresses; a Unix socket is protected by its file mode")
         if not os.path.isabs(path):
             raise AddressError(f"Unix socket path {path!r} must be absolute")
+        if not os.path.isdir(os.path.dirname(path)):
+            raise AddressError(f"cannot listen on {address}: directory {os.path.dirname(path)} does not exist "
+                               f"(create it first, e.g. mkdir -p -m 0700 {os.path.dirname(path)})")
         _remove_stale_socket(path)
         # The socket file must never be reachable by others, not even between bind and chmod.
         old = os.umask(0o177)

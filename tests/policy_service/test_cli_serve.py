@@ -96,6 +96,20 @@ async def test_serve_bad_rules_exits_2(short_tmp: Path) -> None:
     assert proc.returncode == 2 and b"bad.toml" in err
 
 
+async def test_serve_missing_socket_directory_is_one_clear_line(short_tmp: Path, rules_file: Path) -> None:
+    """Issue #12 item 7: no raw gRPC core log line, one message that names the directory."""
+    missing = short_tmp / "no-such-dir"
+    proc = await asyncio.create_subprocess_exec(
+        *CLI, "policy", "serve", "--listen", f"unix://{missing}/p.sock", "--rules", str(rules_file),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2, err
+    lines = [line for line in err.decode().splitlines() if " INFO " not in line and " WARNING " not in line]
+    assert lines == [f"execgate policy serve: cannot listen on unix://{missing}/p.sock: directory {missing} does "
+                     f"not exist (create it first, e.g. mkdir -p -m 0700 {missing})"], err
+
+
 @pytest.mark.parametrize("listen", ["0.0.0.0:{port}", "[::]:{port}", "192.0.2.1:{port}"])
 async def test_serve_refuses_plaintext_beyond_loopback(rules_file: Path, listen: str) -> None:
     """Issue #12 item 7: a TCP listener other hosts may reach needs TLS, or --insecure said aloud."""
