@@ -102,6 +102,20 @@ def test_with_the_backstop_the_static_program_is_not_flagged(attacker):
     static = records["eg-unseen-static"]
     assert (static["decision"], static["children_unseen"]) == ("run", False)
     assert "static" in static["file_kind"]
+    # An exec only the backstop sees (static busybox execs the program): decided with its file facts too.
+    if shutil.which("busybox") is None:
+        return
+    work = attacker.workdir()
+    audit = work / "audit2.jsonl"
+    static_path = work / "eg-unseen-static"
+    (attacker.markers / "eg-unseen-static").unlink()
+    done = attacker.execgate("run", "--rules", str(work / "rules.toml"), "--audit-log", str(audit), "--",
+                             f"busybox env {static_path}; echo status=$?", cwd=work)
+    assert "status=0" in done.stdout, done.stdout + done.stderr
+    lines = [json.loads(line) for line in audit.read_text().splitlines()]
+    seen = [(r["decision"], r["children_unseen"], "static" in (r["file_kind"] or [])) for r in lines
+            if r["program"] == str(static_path)]
+    assert seen == [("run", False, True)], lines
 
 
 EXECIT_C = r"""
