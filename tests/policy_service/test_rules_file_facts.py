@@ -162,3 +162,17 @@ def test_policy_check_shows_file_facts_and_uses_them(tmp_path):
     status, out = _check(["--rules", str(rules), "--seccomp", "on", "--json", "--", str(prog)])
     report = json.loads(out)
     assert (report["children_unseen"], report["file_kind"], report["decision"]) == (False, ["elf64", "static"], "run")
+
+
+def test_approvers_are_shown_the_file_facts():
+    from execgate.policy_service.approver import describe
+    from execgate.policy_service.web_feed import pending_to_json
+    from execgate.v1 import approvals_pb2 as apb
+
+    pending = apb.PendingApproval(request_id="r1", target=codec.target_to_pb("/w/tool", ["tool"], "/w", STATIC))
+    assert "   file:    static elf64 x86_64; children unseen" in describe(pending)
+    page = pending_to_json(pending)
+    assert (page["file"], page["children_unseen"]) == ("static elf64 x86_64; children unseen", True)
+    bare = apb.PendingApproval(request_id="r2", target=codec.target_to_pb("/w/tool", ["tool"], "/w"))
+    assert "   file:    (nothing learnt of the file)" in describe(bare)
+    assert pending_to_json(bare)["children_unseen"] is None
