@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Literal, Mapping, Sequence
 
-from execgate.server.policy import Execution, SessionContext
+from execgate.server.policy import ExecFacts, Execution, SessionContext
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,8 @@ class ApprovalRequest:
         deadline: ``loop.time()`` (seconds) after which it is denied for lack of an answer.
         env: the environment that will reach the command if approved, as sorted (name, value)
             pairs (shown to approvers; part of what an approve-for-session grant covers).
+        facts: what the server learnt of the file (kind, children unseen), shown to approvers and
+            part of what a grant covers; None when the request carried none.
     """
 
     request_id: str
@@ -64,6 +66,7 @@ class ApprovalRequest:
     execution: Execution
     deadline: float
     env: tuple[tuple[str, str], ...] = ()
+    facts: ExecFacts | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +164,7 @@ class ApprovalBroker:
         execution: Execution,
         timeout_s: float | None = None,
         env: Mapping[str, str] | None = None,
+        facts: ExecFacts | None = None,
     ) -> ApprovalOutcome:
         """Ask the approvers about one exec and wait for the outcome.
 
@@ -168,6 +172,7 @@ class ApprovalBroker:
             timeout_s: wait at most this long (seconds) instead of the broker's ``timeout_s``
                 (the service passes less when its caller's deadline is nearer).
             env: the environment that would reach the command (shown to approvers).
+            facts: the file's facts (shown to approvers; a grant covers a file of these facts only).
 
         Returns:
             The outcome; never raises for a missing or silent approver.
@@ -175,7 +180,8 @@ class ApprovalBroker:
         if self.refuse_reason is not None:
             return ApprovalOutcome(False, self.refuse_reason)
         shown_env = tuple(sorted((env or {}).items()))
-        key = (session.session_id, program, tuple(argv), shown_env)
+        shown_facts = None if facts is None else (facts.kinds, facts.children_unseen)
+        key = (session.session_id, program, tuple(argv), shown_env, shown_facts)
         if key in self._grants:
             return ApprovalOutcome(True, "approved earlier for this session", self._grants[key], True)
         loop = asyncio.get_running_loop()
@@ -184,7 +190,8 @@ class ApprovalBroker:
         if not self._subscribers and not await self._wait_for_approver(min(self.approver_wait_s, timeout)):
             return ApprovalOutcome(False, "approval required but no approver is connected")
         request = ApprovalRequest(
-            uuid.uuid4().hex, session, program, tuple(argv), workdir, rule_id, reason, execution, deadline, shown_env
+            uuid.uuid4().hex, session, program, tuple(argv), workdir, rule_id, reason, execution, deadline, shown_env,
+            facts,
         )
         pending = _Pending(request, loop.create_future())
         self._pending[request.request_id] = pending

@@ -23,6 +23,7 @@ from typing import TextIO
 
 import grpc
 
+from execgate.server import policy_codec as codec
 from execgate.v1 import approvals_pb2 as apb
 from execgate.v1 import approvals_pb2_grpc
 
@@ -79,8 +80,21 @@ def describe(pending: apb.PendingApproval) -> str:
             f"   session: {pending.session.session_id}  labels: {labels}",
             f"   rule:    {pending.rule_id or '(default)'} — {pending.reason or 'no justification'}",
             "   env:     " + (" ".join(shlex.quote(f"{k}={v}") for k, v in sorted(pending.env.items())) or "(empty)"),
+            f"   file:    {file_text(pending)}",
         ]
     )
+
+
+def file_text(pending: apb.PendingApproval) -> str:
+    """What the server learnt of the file (``static elf64 x86_64; children unseen``), or a note
+    that it sent nothing; "(unreadable)" if the facts are malformed."""
+    try:
+        facts = codec.facts_from_pb(pending.target)
+    except codec.CodecError:
+        return "(unreadable facts)"
+    if facts.file is None and facts.children_unseen is None and facts.problem is None:
+        return "(nothing learnt of the file)"
+    return facts.summary
 
 
 async def _answer(reader: LineReader, out: TextIO) -> tuple[int, str] | None:

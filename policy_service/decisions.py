@@ -20,7 +20,7 @@ from typing import Awaitable, Callable, Mapping, NamedTuple, Protocol, Sequence
 from execgate.policy_service.approvals import ApprovalBroker
 from execgate.policy_service.audit import AuditLog, AuditRecord
 from execgate.policy_service.envclean import clean_env
-from execgate.server.policy import Decision, Execution, Permissions, PreparedExec, SessionContext
+from execgate.server.policy import Decision, ExecFacts, Execution, Permissions, PreparedExec, SessionContext
 from execgate.server.sandbox import bwrap_argv, find_bwrap, unsafe_workdir, visible_inside
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class _Evaluation(Protocol):
 
 
 class _RuleSet(Protocol):
-    def evaluate(self, program: str, argv: Sequence[str]) -> _Evaluation: ...
+    def evaluate(self, program: str, argv: Sequence[str], facts: ExecFacts | None = None) -> _Evaluation: ...
 
 
 class RulesSource(Protocol):
@@ -105,6 +105,7 @@ class DecisionService:
         budget_s: float | None = None,
         on_prompt: PromptHook | None = None,
         env: Mapping[str, str] | None = None,
+        facts: ExecFacts | None = None,
     ) -> Decided:
         """Decide one exec (``program`` absolute, ``argv`` non-empty) and audit it.
 
@@ -113,6 +114,8 @@ class DecisionService:
             on_prompt: awaited before waiting for an approver, with the wait in seconds.
             env: the caller's environment; a prompt shows the approver the part of it that
                 :meth:`prepare` would give the command (and a session grant covers only that).
+            facts: what the server learnt of the file (None: unknown); rules may test them, the
+                audit line and approvers show them.
 
         Returns:
             The Decision (with a fresh ``decision_id`` and a ``reason`` for every action) and the
@@ -121,7 +124,7 @@ class DecisionService:
         started = time.monotonic()
         # A worker thread: evaluation may stat and realpath the program's path (trust checks),
         # which must not hold up the event loop serving every other session.
-        evaluation = await asyncio.to_thread(self.rules.current.evaluate, program, argv)
+        evaluation = await asyncio.to_thread(self.rules.current.evaluate, program, argv, facts)
         rule_id = getattr(evaluation.rule, "id", "") or ""
         reason = evaluation.reason or ""
         execution = evaluation.execution or Execution()
@@ -139,11 +142,12 @@ class DecisionService:
         elif evaluation.decision == "prompt":
             shown = clean_env(env or {}, evaluation.allow_env)
             decision, approver = await self._ask(
-                session, program, argv, workdir, rule_id, reason, execution, common, budget_s, on_prompt, shown
+                session, program, argv, workdir, rule_id, reason, execution, common, budget_s, on_prompt, shown,
+                facts,
             )
         else:
             decision = Decision.deny(reason or "denied by policy", **common)
-        self._audit(session, program, argv, workdir, decision, approver, started)
+        self._audit(session, program, argv, workdir, decision, approver, started, facts)
         return Decided(decision, approver)
 
     async def _ask(
@@ -159,6 +163,7 @@ class DecisionService:
         budget_s: float | None,
         on_prompt: PromptHook | None,
         env: Mapping[str, str],
+        facts: ExecFacts | None = None,
     ) -> Decided:
         """Run a prompt through the approvals broker (showing ``env``, the environment that would
         reach the command); approval escalates with ``execution``."""
@@ -170,7 +175,7 @@ class DecisionService:
             await on_prompt(wait)
         outcome = await self.approvals.request(
             session, program, argv, workdir, rule_id=rule_id, reason=reason, execution=execution, timeout_s=wait,
-            env=env,
+            env=env, facts=facts,
         )
         if outcome.approved:
             return Decided(Decision.escalate(execution, reason=outcome.reason, **common), outcome.approver)
@@ -185,6 +190,7 @@ class DecisionService:
         decision: Decision,
         approver: str,
         started: float,
+        facts: ExecFacts | None = None,
     ) -> None:
         latency_ms = (time.monotonic() - started) * 1000.0
         # DEBUG, not INFO: the audit log is the per-decision record; an INFO line per decision
@@ -203,6 +209,8 @@ class DecisionService:
                 labels=dict(session.labels), program=program, argv=tuple(argv), workdir=workdir,
                 decision=decision.action, rule_id=decision.rule_id, reason=decision.reason or "",
                 approver=approver, latency_ms=latency_ms, error=decision.error,
+                file_kind=None if facts is None or facts.file is None else tuple(sorted(facts.kinds)),
+                children_unseen=None if facts is None else facts.children_unseen,
             )
         )
 
@@ -214,8 +222,10 @@ class DecisionService:
         workdir: str,
         env: Mapping[str, str],
         execution: Execution,
+        facts: ExecFacts | None = None,
     ) -> PreparedExec:
-        """Build exactly what the server spawns for an escalated exec.
+        """Build exactly what the server spawns for an escalated exec (``facts`` as in
+        :meth:`decide`, so that the rule that decided is the one whose ``allow_env`` applies).
 
         ``unsandboxed`` (and ``session_default`` for a session with no sandbox) gives
         ``[program, *argv[1:]]`` with ``arg0 = argv[0]``; a profile gives a bwrap command line
@@ -232,7 +242,7 @@ class DecisionService:
             SandboxError: the bwrap command line cannot be built (see ``bwrap_argv``).
         """
         _check_workdir(session, workdir)
-        allow = self.rules.current.evaluate(program, argv).allow_env
+        allow = self.rules.current.evaluate(program, argv, facts).allow_env
         cleaned = clean_env(env, allow)
         profile = _profile(execution, session, workdir)
         if profile is None:

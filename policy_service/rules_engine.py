@@ -7,7 +7,11 @@ Evaluation of ``(program, argv)``, ``program`` absolute:
    *restrictive* rule (prompt, deny) named by basename applies to every path with that basename,
    and also when the basename of ``argv[0]`` or of the resolved symlink target carries the name
    (so a renamed symlink or ``exec -a`` cannot dodge a denial).
-2. A candidate matches when ``argv[1:]`` starts with its prefix.
+   Rules that name no program (file-fact rules, ``ANY_PROGRAM``) are candidates for every
+   exec; permissive ones apply only to trusted paths, as basename rules.
+2. A candidate matches when ``argv[1:]`` starts with its prefix and the request's file facts
+   (``file_kind``, ``children_unseen``; unknown when the request carries none) satisfy its
+   conditions.
 3. The strictest matching rule wins (deny > prompt > run > escalate); among equals, the first
    loaded. No match: the configured default.
 
@@ -33,10 +37,10 @@ import stat
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from execgate.server.policy import Execution
+from execgate.server.policy import ExecFacts, Execution
 
 from .codex_rules import load_codex
-from .rules_model import STRICTNESS, Evaluation, Rule, RulesError, RulesFile, parse_decision
+from .rules_model import ANY_PROGRAM, STRICTNESS, Evaluation, Facts, Rule, RulesError, RulesFile, parse_decision
 from .rules_toml import load_toml
 
 #: The rules shipped with execgate, loaded when no rules file is given.
@@ -144,12 +148,13 @@ class RuleSet:
         """The files this set was loaded from."""
         return self._sources
 
-    def evaluate(self, program: str, argv: Sequence[str]) -> Evaluation:
+    def evaluate(self, program: str, argv: Sequence[str], facts: ExecFacts | Facts | None = None) -> Evaluation:
         """Decide one exec.
 
         Args:
             program: absolute path of the program executed (resolved by the server).
             argv: the full argv, argv[0] included.
+            facts: what the server learnt of the file (None: unknown, as a request without them).
 
         Returns:
             The decision, the winning rule, every matching rule and the rules skipped because
@@ -157,11 +162,12 @@ class RuleSet:
         """
         program = os.path.normpath(program)
         args = tuple(argv[1:])
+        known = facts if isinstance(facts, Facts) else Facts.of(facts)
         matched: list[Rule] = []
         skipped: list[Rule] = []
         trusted: bool | None = None
         for rule in self._candidates(program, argv):
-            if not rule.matches_args(args):
+            if not rule.matches_args(args) or not rule.matches_facts(known):
                 continue
             if not rule.restrictive and not os.path.isabs(rule.program):
                 if trusted is None:
@@ -203,6 +209,7 @@ class RuleSet:
         """Rules naming the program, by path or by name, in load order, without duplicates."""
         found = {id(r): r for r in self._by_name.get(program, ())}
         found.update((id(r), r) for r in self._by_name.get(os.path.basename(program), ()))
+        found.update((id(r), r) for r in self._by_name.get(ANY_PROGRAM, ()))
         aliases = {os.path.basename(os.path.realpath(program))}
         if argv:
             aliases.add(os.path.basename(argv[0]))

@@ -62,7 +62,11 @@ def check_bounds(session: pb.SessionContext, target: pb.ExecTarget, env: Mapping
     violation = p.session_bounds_violation(
         session.session_id, session.labels, (*box.writable_roots, *box.readable_roots), scale=scale
     ) or p.exec_bounds_violation(
-        {"target.program": target.program, "target.workdir": target.workdir}, target.argv, env, scale=scale
+        {"target.program": target.program, "target.workdir": target.workdir,
+         "target.file_problem": target.file_problem, "target.file.interpreter": target.file.interpreter,
+         "target.file.problem": target.file.problem,
+         "target.file.interpreter_info.interpreter": target.file.interpreter_info.interpreter},
+        target.argv, env, scale=scale,
     )
     if violation is not None:
         raise codec.CodecError(f"input bound exceeded: {violation}")
@@ -85,6 +89,7 @@ class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
             check_bounds(request.session, request.target)
             session = codec.session_from_pb(request.session)
             program, argv, workdir = codec.target_from_pb(request.target)
+            facts = codec.facts_from_pb(request.target)
         except codec.CodecError as exc:
             await _invalid(context, exc)
 
@@ -94,7 +99,7 @@ class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
         try:
             decision, approver = await self.decisions.decide(
                 session, program, argv, workdir, budget_s=context.time_remaining(), on_prompt=on_prompt,
-                env=dict(request.env),
+                env=dict(request.env), facts=facts,
             )
         except Exception as exc:  # a rules-engine bug must reach the client as INTERNAL, not UNKNOWN
             await _internal(context, "DetermineAction", exc)
@@ -109,6 +114,7 @@ class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
             check_bounds(request.session, request.target, request.env)
             session = codec.session_from_pb(request.session)
             program, argv, workdir = codec.target_from_pb(request.target)
+            facts = codec.facts_from_pb(request.target)
             if not request.HasField("execution"):
                 raise codec.CodecError("execution is required")
             execution = codec.execution_from_pb(request.execution)
@@ -117,7 +123,7 @@ class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
         try:
             # In a worker thread: prepare evaluates the rules, which may stat the program's path.
             prepared = await asyncio.to_thread(
-                self.decisions.prepare, session, program, argv, workdir, dict(request.env), execution
+                self.decisions.prepare, session, program, argv, workdir, dict(request.env), execution, facts
             )
         except Exception as exc:
             await _internal(context, "PrepareEscalatedExec", exc)
@@ -130,7 +136,7 @@ def pending_to_pb(request: ApprovalRequest) -> apb.PendingApproval:
     return apb.PendingApproval(
         request_id=request.request_id,
         session=codec.session_to_pb(request.session),
-        target=codec.target_to_pb(request.program, request.argv, request.workdir),
+        target=codec.target_to_pb(request.program, request.argv, request.workdir, request.facts),
         rule_id=request.rule_id,
         reason=request.reason,
         execution=codec.execution_to_pb(request.execution),

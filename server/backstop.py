@@ -42,6 +42,7 @@ from typing import Sequence
 
 from execgate.server import protocol as p
 from execgate.server import seccomp_notify as sn
+from execgate.server.exec_facts import Coverage, learn
 from execgate.server.fdpass import close_fds, recv_datagram
 from execgate.server.policy import Decision, Policy, SessionContext
 
@@ -267,8 +268,11 @@ class Backstop:
     async def _decide(self, exe: _Exec) -> int:
         """Ask the policy; returns 0 (Run) or the errno the exec fails with."""
         argv = [os.fsdecode(a) for a in exe.argv]
+        extra = {}
+        if getattr(self.policy, "accepts_facts", False):  # the file's kind; its children are seen here
+            extra["facts"] = await learn(exe.tgid, exe.program, Coverage(seccomp=True))
         try:
-            decision = await self.policy.determine_action(exe.program, argv, exe.workdir, self.context)
+            decision = await self.policy.determine_action(exe.program, argv, exe.workdir, self.context, **extra)
         except Exception as exc:  # fail closed
             log.error("session %s: policy failed for %s: %r", self.context.session_id, exe.program, exc)
             decision = Decision.deny(f"policy error: {exc}")

@@ -16,11 +16,11 @@ import os
 import signal
 import socket
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from execgate.server import protocol as p
 from execgate.server.fdpass import PeerClosedError, close_fds, recv_frame, send_frame
-from execgate.server.policy import Decision, Execution, Policy, PolicyError, PreparedExec, SessionContext
+from execgate.server.policy import Decision, ExecFacts, Execution, Policy, PolicyError, PreparedExec, SessionContext
 from execgate.server.spawn import DEFAULT_KILL_GRACE_S, ChildProcess, spawn
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ async def handle_connection(
     limits: Limits,
     on_spawn: Callable[[ChildProcess], None],
     on_run: Callable[[str, list[str]], None] | None = None,
+    learn: Callable[[str], Awaitable[ExecFacts]] | None = None,
 ) -> None:
     """Serve one exec on ``conn`` (non-blocking stream socket, owned and closed here).
 
@@ -88,6 +89,8 @@ async def handle_connection(
             kill its process group when the session closes.
         on_run: called with the program (absolute) and argv just before a Run answer is sent
             (the seccomp backstop lets the wrapper's exec of exactly that through undecided).
+        learn: given the program (absolute), what the server learns of its file
+            (:func:`execgate.server.exec_facts.learn`); sent to a policy that accepts facts.
 
     Never raises for peer errors (they are logged); propagates cancellation.
     """
@@ -96,13 +99,14 @@ async def handle_connection(
             payload, _ = await recv_frame(conn, max_bytes=limits.max_frame_bytes, max_fds=0)
         request = p.EscalateRequest.from_obj(p.decode_json(payload))
         program = resolve_program(request.file, request.workdir)
-        decision = await _decide(policy, program, request, context)
+        facts = await learn(program) if learn is not None and getattr(policy, "accepts_facts", False) else None
+        decision = await _decide(policy, program, request, context, facts)
         if decision.action == "run":
             if on_run is not None:
                 on_run(program, list(request.argv))
             await _send(conn, p.EscalateResponse("Run"))
         elif decision.action == "escalate":
-            await _escalate(conn, policy, program, request, decision, context, limits, on_spawn)
+            await _escalate(conn, policy, program, request, decision, context, limits, on_spawn, facts)
         else:
             await _send(conn, p.EscalateResponse("Deny", reason=decision.reason))
     except p.BoundsError as exc:  # a ProtocolError, but one the caller should read
@@ -135,11 +139,14 @@ async def _refuse(conn: socket.socket, exc: p.BoundsError, context: SessionConte
         log.info("session %s: could not send the refusal: %s", context.session_id, send_exc)
 
 
-async def _decide(policy: Policy, program: str, request: p.EscalateRequest, context: SessionContext) -> Decision:
+async def _decide(policy: Policy, program: str, request: p.EscalateRequest, context: SessionContext,
+                  facts: ExecFacts | None) -> Decision:
     try:
         # Opt-in (Policy doc): the environment lets a prompt show the approver what reaches the command.
-        env = {"env": dict(request.env)} if getattr(policy, "accepts_env", False) else {}
-        decision = await policy.determine_action(program, list(request.argv), request.workdir, context, **env)
+        extra: dict[str, Any] = {"env": dict(request.env)} if getattr(policy, "accepts_env", False) else {}
+        if facts is not None:
+            extra["facts"] = facts
+        decision = await policy.determine_action(program, list(request.argv), request.workdir, context, **extra)
     except Exception as exc:  # fail closed: any policy failure is a Deny naming the cause
         log.error("session %s: policy failed for %s: %r", context.session_id, program, exc)
         return Decision.deny(_failure_reason(exc), error=True)
@@ -158,11 +165,13 @@ async def _escalate(
     context: SessionContext,
     limits: Limits,
     on_spawn: Callable[[ChildProcess], None],
+    facts: ExecFacts | None = None,
 ) -> None:
     execution = decision.execution or Execution()
     try:
+        extra = {} if facts is None else {"facts": facts}  # the rule that decided may depend on them
         prepared = await policy.prepare_escalated_exec(
-            program, list(request.argv), request.workdir, dict(request.env), execution, context
+            program, list(request.argv), request.workdir, dict(request.env), execution, context, **extra
         )
         if not isinstance(prepared, PreparedExec) or not prepared.command:
             raise ValueError(f"malformed prepared exec {prepared!r}")

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Mapping, Protocol, Sequence, runtime_checkable
 
+from execgate.server.fileinfo import FileInfo, kinds
+
 ExecutionKind = Literal["unsandboxed", "session_default", "permissions"]
 Action = Literal["run", "escalate", "deny"]
 
@@ -46,6 +48,48 @@ class SessionContext:
     session_id: str
     labels: Mapping[str, str] = field(default_factory=dict)
     sandbox: Permissions | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExecFacts:
+    """What the server learnt of an exec's file (issue #9 class 12; ``ExecTarget`` fields 30-39).
+
+    Attributes:
+        file: the file's facts (:func:`execgate.server.fileinfo.describe`), or None if nothing
+            was learnt (not readable, not a regular file, or a client that sends nothing).
+        children_unseen: True if what the program execs would not be seen by the session's
+            interception (:mod:`execgate.server.exec_facts`); None when unknown, which is kept
+            distinct from False.
+        problem: why ``file`` is None (or a fact is missing), for the audit log; else None.
+    """
+
+    file: FileInfo | None = None
+    children_unseen: bool | None = None
+    problem: str | None = None
+
+    @property
+    def kinds(self) -> frozenset[str]:
+        """The file's tags (:func:`execgate.server.fileinfo.kinds`; ``{"unknown"}`` without facts)."""
+        return kinds(self.file)
+
+    @property
+    def summary(self) -> str:
+        """One line for people: ``static elf64 x86_64; children unseen`` (approvers, check)."""
+        info = self.file
+        if info is None:
+            what = "file not read" + (f" ({self.problem})" if self.problem else "")
+        else:
+            words = sorted(self.kinds - {"elf32", "elf64"}) + sorted(self.kinds & {"elf32", "elf64"})
+            words += [info.machine_name] if info.machine_name else []
+            if info.interpreter:
+                words.append(f"interpreter {info.interpreter}")
+            what = " ".join(words)
+        unseen = {True: "children unseen", False: "children seen", None: "children: unknown"}
+        return f"{what}; {unseen[self.children_unseen]}"
+
+
+#: The facts of a request that carries none (an older client, or a caller with no file).
+NO_FACTS = ExecFacts()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +158,9 @@ class Policy(Protocol):
 
     A policy whose class sets ``accepts_env = True`` also gets the caller's environment in
     ``determine_action(..., env=...)`` (so that a prompt can show the approver what will reach
-    the command); others are called without it.
+    the command); others are called without it. Likewise a policy that sets
+    ``accepts_facts = True`` gets ``facts=`` (:class:`ExecFacts`) in ``determine_action`` and
+    ``prepare_escalated_exec``.
     """
 
     async def determine_action(

@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from execgate.server.policy import Decision, Execution, Permissions, PreparedExec, SessionContext
+from execgate.server.fileinfo import FileInfo
+from execgate.server.policy import NO_FACTS, Decision, ExecFacts, Execution, Permissions, PreparedExec, SessionContext
 from execgate.v1 import policy_pb2 as pb
 
 
@@ -117,8 +118,72 @@ def restore_text(prepared: PreparedExec, originals: Sequence[str]) -> PreparedEx
     )
 
 
-def target_to_pb(program: str, argv: Sequence[str], workdir: str) -> pb.ExecTarget:
-    return pb.ExecTarget(program=wire_text(program), argv=[wire_text(a) for a in argv], workdir=wire_text(workdir))
+def target_to_pb(program: str, argv: Sequence[str], workdir: str, facts: ExecFacts | None = None) -> pb.ExecTarget:
+    """Encode an exec target; ``facts`` (None: none sent) fill ``file``, ``children_unseen`` and
+    ``file_problem``, each left unset where unknown."""
+    msg = pb.ExecTarget(program=wire_text(program), argv=[wire_text(a) for a in argv], workdir=wire_text(workdir))
+    if facts is not None:
+        if facts.file is not None:
+            msg.file.CopyFrom(file_to_pb(facts.file))
+        if facts.children_unseen is not None:
+            msg.children_unseen = facts.children_unseen
+        msg.file_problem = wire_text(facts.problem or "")
+    return msg
+
+
+_FORMATS = {"elf": pb.FileInfo.FORMAT_ELF, "script": pb.FileInfo.FORMAT_SCRIPT, "other": pb.FileInfo.FORMAT_OTHER}
+_LINKAGES = {"static": pb.FileInfo.LINKAGE_STATIC, "dynamic": pb.FileInfo.LINKAGE_DYNAMIC}
+
+
+def file_to_pb(info: FileInfo, depth: int = 0) -> pb.FileInfo:
+    """Encode a :class:`FileInfo` (a script's interpreter one level deep)."""
+    msg = pb.FileInfo(
+        format=_FORMATS[info.format], elf_class=info.elf_class or 0, linkage=_LINKAGES.get(info.linkage or "", 0),
+        interpreter=wire_text(info.interpreter or ""), setuid=info.setuid, setgid=info.setgid,
+        capabilities=info.capabilities, problem=info.problem or "",
+    )
+    if info.machine is not None:
+        msg.machine = info.machine
+    if info.interpreter_info is not None and depth == 0:
+        msg.interpreter_info.CopyFrom(file_to_pb(info.interpreter_info, 1))
+    return msg
+
+
+def file_from_pb(msg: pb.FileInfo, depth: int = 0) -> FileInfo:
+    """Decode a FileInfo (nesting past one interpreter level is ignored).
+
+    Raises:
+        CodecError: the format is unset or unknown, or the ELF class is not 0, 32 or 64.
+    """
+    formats = {v: k for k, v in _FORMATS.items()}
+    if msg.format not in formats:
+        raise CodecError(f"file.format {msg.format} is not ELF, SCRIPT or OTHER")
+    if msg.elf_class not in (0, 32, 64):
+        raise CodecError(f"file.elf_class {msg.elf_class} is not 32 or 64")
+    linkages = {v: k for k, v in _LINKAGES.items()}
+    interp = None
+    if msg.HasField("interpreter_info") and depth == 0:
+        interp = file_from_pb(msg.interpreter_info, 1)
+    return FileInfo(
+        format=formats[msg.format], elf_class=msg.elf_class or None,  # type: ignore[arg-type]
+        machine=msg.machine if msg.HasField("machine") else None,
+        linkage=linkages.get(msg.linkage),  # type: ignore[arg-type]
+        interpreter=msg.interpreter or None, setuid=msg.setuid, setgid=msg.setgid,
+        capabilities=msg.capabilities, problem=msg.problem or None, interpreter_info=interp,
+    )
+
+
+def facts_from_pb(msg: pb.ExecTarget) -> ExecFacts:
+    """The file facts an exec target carries (:data:`NO_FACTS` when it carries none).
+
+    Raises:
+        CodecError: ``file`` is invalid (see :func:`file_from_pb`).
+    """
+    if not msg.HasField("file") and not msg.HasField("children_unseen") and not msg.file_problem:
+        return NO_FACTS
+    info = file_from_pb(msg.file) if msg.HasField("file") else None
+    unseen = msg.children_unseen if msg.HasField("children_unseen") else None
+    return ExecFacts(info, unseen, msg.file_problem or None)
 
 
 def target_from_pb(msg: pb.ExecTarget) -> tuple[str, tuple[str, ...], str]:

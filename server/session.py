@@ -44,6 +44,7 @@ from typing import Callable, Mapping, Union
 from execgate.server import protocol as p
 from execgate.server.backstop import Backstop
 from execgate.server.escalation import Limits, handle_connection
+from execgate.server.exec_facts import Coverage, learn
 from execgate.server.fdpass import close_fds, encode_frame, recv_datagram, wait_readable
 from execgate.server.policy import Permissions, Policy, SessionContext
 from execgate.server.spawn import ChildProcess, signal_group
@@ -127,6 +128,8 @@ class Session:
                 max_concurrent=self.limits.max_concurrent, max_bytes=self.limits.max_frame_bytes,
             )
             self._spawn_task(self.backstop.serve())
+        #: What the session's interception sees (preload ABIs, backstop): for "children unseen".
+        self.coverage = Coverage.of_session(self.env_overlay, seccomp=self.backstop is not None)
         self._spawn_task(self._serve_handshakes())
         self._spawn_task(self._serve_fallback())
 
@@ -256,9 +259,14 @@ class Session:
             raise
         held = True
         on_run = None
+        pid = _peer_pid(conn)  # the wrapper: it made the socket, or connected (unix(7))
         if self.backstop is not None:
-            pid, backstop = _peer_pid(conn), self.backstop  # the wrapper: it made the socket (unix(7))
+            backstop = self.backstop
             on_run = None if pid is None else (lambda program, argv: backstop.expect(pid, program, argv))
+        coverage = self.coverage
+
+        async def learn_facts(program: str):  # type: ignore[no-untyped-def]
+            return await learn(pid, program, coverage)
 
         def release() -> None:
             nonlocal held
@@ -272,7 +280,7 @@ class Session:
 
         try:
             await handle_connection(conn, policy=self.policy, context=self.context, limits=self.limits,
-                                    on_spawn=on_spawn, on_run=on_run)
+                                    on_spawn=on_spawn, on_run=on_run, learn=learn_facts)
         finally:
             release()
 

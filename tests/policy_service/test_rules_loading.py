@@ -195,7 +195,7 @@ def test_shipped_rules_load_and_pass_their_examples(path):
             program = head if head.startswith("/") else f"/usr/bin/{head}"
             if "/" in rule.program or "/" in head:
                 program = rule.program if expected else head
-            ids = {r.id for r in rules.evaluate(program, example).matched}
+            ids = {r.id for r in rules.evaluate(program, example, example.facts).matched}
             hit = rule.id in ids
             if expected:
                 checked += 1

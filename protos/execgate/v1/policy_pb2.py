@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x65xecgate/v1/policy.proto\x12\x0b\x65xecgate.v1\"N\n\x0bPermissions\x12\x0f\n\x07network\x18\x01 \x01(\x08\x12\x16\n\x0ewritable_roots\x18\x02 \x03(\t\x12\x16\n\x0ereadable_roots\x18\x03 \x03(\t\"\r\n\x0bUnsandboxed\"\x10\n\x0eSessionDefault\"\xad\x01\n\tExecution\x12/\n\x0bunsandboxed\x18\x01 \x01(\x0b\x32\x18.execgate.v1.UnsandboxedH\x00\x12\x36\n\x0fsession_default\x18\x02 \x01(\x0b\x32\x1b.execgate.v1.SessionDefaultH\x00\x12/\n\x0bpermissions\x18\x03 \x01(\x0b\x32\x18.execgate.v1.PermissionsH\x00\x42\x06\n\x04kind\"\xc8\x01\n\x0eSessionContext\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x37\n\x06labels\x18\x02 \x03(\x0b\x32\'.execgate.v1.SessionContext.LabelsEntry\x12.\n\x07sandbox\x18\x03 \x01(\x0b\x32\x18.execgate.v1.PermissionsH\x00\x88\x01\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\n\n\x08_sandbox\"<\n\nExecTarget\x12\x0f\n\x07program\x18\x01 \x01(\t\x12\x0c\n\x04\x61rgv\x18\x02 \x03(\t\x12\x0f\n\x07workdir\x18\x03 \x01(\t\"\x05\n\x03Run\"5\n\x08\x45scalate\x12)\n\texecution\x18\x01 \x01(\x0b\x32\x16.execgate.v1.Execution\"\x16\n\x04\x44\x65ny\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xcb\x01\n\x08\x44\x65\x63ision\x12\x1f\n\x03run\x18\x01 \x01(\x0b\x32\x10.execgate.v1.RunH\x00\x12)\n\x08\x65scalate\x18\x02 \x01(\x0b\x32\x15.execgate.v1.EscalateH\x00\x12!\n\x04\x64\x65ny\x18\x03 \x01(\x0b\x32\x11.execgate.v1.DenyH\x00\x12\x0f\n\x07rule_id\x18\x04 \x01(\t\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x10\n\x08\x61pprover\x18\x07 \x01(\tB\x08\n\x06\x61\x63tion\"\xd6\x01\n\x16\x44\x65termineActionRequest\x12,\n\x07session\x18\x01 \x01(\x0b\x32\x1b.execgate.v1.SessionContext\x12\'\n\x06target\x18\x02 \x01(\x0b\x32\x17.execgate.v1.ExecTarget\x12\x39\n\x03\x65nv\x18\x0f \x03(\x0b\x32,.execgate.v1.DetermineActionRequest.EnvEntry\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"B\n\x17\x44\x65termineActionResponse\x12\'\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x15.execgate.v1.Decision\"\xa0\x02\n\x1bPrepareEscalatedExecRequest\x12,\n\x07session\x18\x01 \x01(\x0b\x32\x1b.execgate.v1.SessionContext\x12\'\n\x06target\x18\x02 \x01(\x0b\x32\x17.execgate.v1.ExecTarget\x12>\n\x03\x65nv\x18\x03 \x03(\x0b\x32\x31.execgate.v1.PrepareEscalatedExecRequest.EnvEntry\x12)\n\texecution\x18\x04 \x01(\x0b\x32\x16.execgate.v1.Execution\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x05 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa5\x01\n\x0cPreparedExec\x12\x0f\n\x07\x63ommand\x18\x01 \x03(\t\x12\x0b\n\x03\x63wd\x18\x02 \x01(\t\x12/\n\x03\x65nv\x18\x03 \x03(\x0b\x32\".execgate.v1.PreparedExec.EnvEntry\x12\x11\n\x04\x61rg0\x18\x04 \x01(\tH\x00\x88\x01\x01\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x07\n\x05_arg0\"K\n\x1cPrepareEscalatedExecResponse\x12+\n\x08prepared\x18\x01 \x01(\x0b\x32\x19.execgate.v1.PreparedExec2\xdd\x01\n\x10\x45scalationPolicy\x12\\\n\x0f\x44\x65termineAction\x12#.execgate.v1.DetermineActionRequest\x1a$.execgate.v1.DetermineActionResponse\x12k\n\x14PrepareEscalatedExec\x12(.execgate.v1.PrepareEscalatedExecRequest\x1a).execgate.v1.PrepareEscalatedExecResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x65xecgate/v1/policy.proto\x12\x0b\x65xecgate.v1\"N\n\x0bPermissions\x12\x0f\n\x07network\x18\x01 \x01(\x08\x12\x16\n\x0ewritable_roots\x18\x02 \x03(\t\x12\x16\n\x0ereadable_roots\x18\x03 \x03(\t\"\r\n\x0bUnsandboxed\"\x10\n\x0eSessionDefault\"\xad\x01\n\tExecution\x12/\n\x0bunsandboxed\x18\x01 \x01(\x0b\x32\x18.execgate.v1.UnsandboxedH\x00\x12\x36\n\x0fsession_default\x18\x02 \x01(\x0b\x32\x1b.execgate.v1.SessionDefaultH\x00\x12/\n\x0bpermissions\x18\x03 \x01(\x0b\x32\x18.execgate.v1.PermissionsH\x00\x42\x06\n\x04kind\"\xc8\x01\n\x0eSessionContext\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x37\n\x06labels\x18\x02 \x03(\x0b\x32\'.execgate.v1.SessionContext.LabelsEntry\x12.\n\x07sandbox\x18\x03 \x01(\x0b\x32\x18.execgate.v1.PermissionsH\x00\x88\x01\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\n\n\x08_sandbox\"\xb7\x01\n\nExecTarget\x12\x0f\n\x07program\x18\x01 \x01(\t\x12\x0c\n\x04\x61rgv\x18\x02 \x03(\t\x12\x0f\n\x07workdir\x18\x03 \x01(\t\x12(\n\x04\x66ile\x18\x1e \x01(\x0b\x32\x15.execgate.v1.FileInfoH\x00\x88\x01\x01\x12\x1c\n\x0f\x63hildren_unseen\x18\x1f \x01(\x08H\x01\x88\x01\x01\x12\x14\n\x0c\x66ile_problem\x18  \x01(\tB\x07\n\x05_fileB\x12\n\x10_children_unseen\"\xe8\x03\n\x08\x46ileInfo\x12,\n\x06\x66ormat\x18\x01 \x01(\x0e\x32\x1c.execgate.v1.FileInfo.Format\x12\x11\n\telf_class\x18\x02 \x01(\r\x12\x14\n\x07machine\x18\x03 \x01(\rH\x00\x88\x01\x01\x12.\n\x07linkage\x18\x04 \x01(\x0e\x32\x1d.execgate.v1.FileInfo.Linkage\x12\x13\n\x0binterpreter\x18\x05 \x01(\t\x12\x0e\n\x06setuid\x18\x06 \x01(\x08\x12\x0e\n\x06setgid\x18\x07 \x01(\x08\x12\x14\n\x0c\x63\x61pabilities\x18\x08 \x01(\x08\x12\x0f\n\x07problem\x18\t \x01(\t\x12\x34\n\x10interpreter_info\x18\n \x01(\x0b\x32\x15.execgate.v1.FileInfoH\x01\x88\x01\x01\"U\n\x06\x46ormat\x12\x16\n\x12\x46ORMAT_UNSPECIFIED\x10\x00\x12\x0e\n\nFORMAT_ELF\x10\x01\x12\x11\n\rFORMAT_SCRIPT\x10\x02\x12\x10\n\x0c\x46ORMAT_OTHER\x10\x03\"K\n\x07Linkage\x12\x17\n\x13LINKAGE_UNSPECIFIED\x10\x00\x12\x12\n\x0eLINKAGE_STATIC\x10\x01\x12\x13\n\x0fLINKAGE_DYNAMIC\x10\x02\x42\n\n\x08_machineB\x13\n\x11_interpreter_info\"\x05\n\x03Run\"5\n\x08\x45scalate\x12)\n\texecution\x18\x01 \x01(\x0b\x32\x16.execgate.v1.Execution\"\x16\n\x04\x44\x65ny\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xcb\x01\n\x08\x44\x65\x63ision\x12\x1f\n\x03run\x18\x01 \x01(\x0b\x32\x10.execgate.v1.RunH\x00\x12)\n\x08\x65scalate\x18\x02 \x01(\x0b\x32\x15.execgate.v1.EscalateH\x00\x12!\n\x04\x64\x65ny\x18\x03 \x01(\x0b\x32\x11.execgate.v1.DenyH\x00\x12\x0f\n\x07rule_id\x18\x04 \x01(\t\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x10\n\x08\x61pprover\x18\x07 \x01(\tB\x08\n\x06\x61\x63tion\"\xd6\x01\n\x16\x44\x65termineActionRequest\x12,\n\x07session\x18\x01 \x01(\x0b\x32\x1b.execgate.v1.SessionContext\x12\'\n\x06target\x18\x02 \x01(\x0b\x32\x17.execgate.v1.ExecTarget\x12\x39\n\x03\x65nv\x18\x0f \x03(\x0b\x32,.execgate.v1.DetermineActionRequest.EnvEntry\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"B\n\x17\x44\x65termineActionResponse\x12\'\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x15.execgate.v1.Decision\"\xa0\x02\n\x1bPrepareEscalatedExecRequest\x12,\n\x07session\x18\x01 \x01(\x0b\x32\x1b.execgate.v1.SessionContext\x12\'\n\x06target\x18\x02 \x01(\x0b\x32\x17.execgate.v1.ExecTarget\x12>\n\x03\x65nv\x18\x03 \x03(\x0b\x32\x31.execgate.v1.PrepareEscalatedExecRequest.EnvEntry\x12)\n\texecution\x18\x04 \x01(\x0b\x32\x16.execgate.v1.Execution\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x05 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa5\x01\n\x0cPreparedExec\x12\x0f\n\x07\x63ommand\x18\x01 \x03(\t\x12\x0b\n\x03\x63wd\x18\x02 \x01(\t\x12/\n\x03\x65nv\x18\x03 \x03(\x0b\x32\".execgate.v1.PreparedExec.EnvEntry\x12\x11\n\x04\x61rg0\x18\x04 \x01(\tH\x00\x88\x01\x01\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x07\n\x05_arg0\"K\n\x1cPrepareEscalatedExecResponse\x12+\n\x08prepared\x18\x01 \x01(\x0b\x32\x19.execgate.v1.PreparedExec2\xdd\x01\n\x10\x45scalationPolicy\x12\\\n\x0f\x44\x65termineAction\x12#.execgate.v1.DetermineActionRequest\x1a$.execgate.v1.DetermineActionResponse\x12k\n\x14PrepareEscalatedExec\x12(.execgate.v1.PrepareEscalatedExecRequest\x1a).execgate.v1.PrepareEscalatedExecResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -51,32 +51,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SESSIONCONTEXT']._serialized_end=531
   _globals['_SESSIONCONTEXT_LABELSENTRY']._serialized_start=474
   _globals['_SESSIONCONTEXT_LABELSENTRY']._serialized_end=519
-  _globals['_EXECTARGET']._serialized_start=533
-  _globals['_EXECTARGET']._serialized_end=593
-  _globals['_RUN']._serialized_start=595
-  _globals['_RUN']._serialized_end=600
-  _globals['_ESCALATE']._serialized_start=602
-  _globals['_ESCALATE']._serialized_end=655
-  _globals['_DENY']._serialized_start=657
-  _globals['_DENY']._serialized_end=679
-  _globals['_DECISION']._serialized_start=682
-  _globals['_DECISION']._serialized_end=885
-  _globals['_DETERMINEACTIONREQUEST']._serialized_start=888
-  _globals['_DETERMINEACTIONREQUEST']._serialized_end=1102
-  _globals['_DETERMINEACTIONREQUEST_ENVENTRY']._serialized_start=1060
-  _globals['_DETERMINEACTIONREQUEST_ENVENTRY']._serialized_end=1102
-  _globals['_DETERMINEACTIONRESPONSE']._serialized_start=1104
-  _globals['_DETERMINEACTIONRESPONSE']._serialized_end=1170
-  _globals['_PREPAREESCALATEDEXECREQUEST']._serialized_start=1173
-  _globals['_PREPAREESCALATEDEXECREQUEST']._serialized_end=1461
-  _globals['_PREPAREESCALATEDEXECREQUEST_ENVENTRY']._serialized_start=1060
-  _globals['_PREPAREESCALATEDEXECREQUEST_ENVENTRY']._serialized_end=1102
-  _globals['_PREPAREDEXEC']._serialized_start=1464
-  _globals['_PREPAREDEXEC']._serialized_end=1629
-  _globals['_PREPAREDEXEC_ENVENTRY']._serialized_start=1060
-  _globals['_PREPAREDEXEC_ENVENTRY']._serialized_end=1102
-  _globals['_PREPAREESCALATEDEXECRESPONSE']._serialized_start=1631
-  _globals['_PREPAREESCALATEDEXECRESPONSE']._serialized_end=1706
-  _globals['_ESCALATIONPOLICY']._serialized_start=1709
-  _globals['_ESCALATIONPOLICY']._serialized_end=1930
+  _globals['_EXECTARGET']._serialized_start=534
+  _globals['_EXECTARGET']._serialized_end=717
+  _globals['_FILEINFO']._serialized_start=720
+  _globals['_FILEINFO']._serialized_end=1208
+  _globals['_FILEINFO_FORMAT']._serialized_start=1013
+  _globals['_FILEINFO_FORMAT']._serialized_end=1098
+  _globals['_FILEINFO_LINKAGE']._serialized_start=1100
+  _globals['_FILEINFO_LINKAGE']._serialized_end=1175
+  _globals['_RUN']._serialized_start=1210
+  _globals['_RUN']._serialized_end=1215
+  _globals['_ESCALATE']._serialized_start=1217
+  _globals['_ESCALATE']._serialized_end=1270
+  _globals['_DENY']._serialized_start=1272
+  _globals['_DENY']._serialized_end=1294
+  _globals['_DECISION']._serialized_start=1297
+  _globals['_DECISION']._serialized_end=1500
+  _globals['_DETERMINEACTIONREQUEST']._serialized_start=1503
+  _globals['_DETERMINEACTIONREQUEST']._serialized_end=1717
+  _globals['_DETERMINEACTIONREQUEST_ENVENTRY']._serialized_start=1675
+  _globals['_DETERMINEACTIONREQUEST_ENVENTRY']._serialized_end=1717
+  _globals['_DETERMINEACTIONRESPONSE']._serialized_start=1719
+  _globals['_DETERMINEACTIONRESPONSE']._serialized_end=1785
+  _globals['_PREPAREESCALATEDEXECREQUEST']._serialized_start=1788
+  _globals['_PREPAREESCALATEDEXECREQUEST']._serialized_end=2076
+  _globals['_PREPAREESCALATEDEXECREQUEST_ENVENTRY']._serialized_start=1675
+  _globals['_PREPAREESCALATEDEXECREQUEST_ENVENTRY']._serialized_end=1717
+  _globals['_PREPAREDEXEC']._serialized_start=2079
+  _globals['_PREPAREDEXEC']._serialized_end=2244
+  _globals['_PREPAREDEXEC_ENVENTRY']._serialized_start=1675
+  _globals['_PREPAREDEXEC_ENVENTRY']._serialized_end=1717
+  _globals['_PREPAREESCALATEDEXECRESPONSE']._serialized_start=2246
+  _globals['_PREPAREESCALATEDEXECRESPONSE']._serialized_end=2321
+  _globals['_ESCALATIONPOLICY']._serialized_start=2324
+  _globals['_ESCALATIONPOLICY']._serialized_end=2545
 # @@protoc_insertion_point(module_scope)

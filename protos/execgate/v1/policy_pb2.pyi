@@ -1,4 +1,5 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -52,14 +53,62 @@ class SessionContext(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., sandbox: _Optional[_Union[Permissions, _Mapping]] = ...) -> None: ...
 
 class ExecTarget(_message.Message):
-    __slots__ = ("program", "argv", "workdir")
+    __slots__ = ("program", "argv", "workdir", "file", "children_unseen", "file_problem")
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     ARGV_FIELD_NUMBER: _ClassVar[int]
     WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_UNSEEN_FIELD_NUMBER: _ClassVar[int]
+    FILE_PROBLEM_FIELD_NUMBER: _ClassVar[int]
     program: str
     argv: _containers.RepeatedScalarFieldContainer[str]
     workdir: str
-    def __init__(self, program: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ...) -> None: ...
+    file: FileInfo
+    children_unseen: bool
+    file_problem: str
+    def __init__(self, program: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., file: _Optional[_Union[FileInfo, _Mapping]] = ..., children_unseen: _Optional[bool] = ..., file_problem: _Optional[str] = ...) -> None: ...
+
+class FileInfo(_message.Message):
+    __slots__ = ("format", "elf_class", "machine", "linkage", "interpreter", "setuid", "setgid", "capabilities", "problem", "interpreter_info")
+    class Format(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        FORMAT_UNSPECIFIED: _ClassVar[FileInfo.Format]
+        FORMAT_ELF: _ClassVar[FileInfo.Format]
+        FORMAT_SCRIPT: _ClassVar[FileInfo.Format]
+        FORMAT_OTHER: _ClassVar[FileInfo.Format]
+    FORMAT_UNSPECIFIED: FileInfo.Format
+    FORMAT_ELF: FileInfo.Format
+    FORMAT_SCRIPT: FileInfo.Format
+    FORMAT_OTHER: FileInfo.Format
+    class Linkage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        LINKAGE_UNSPECIFIED: _ClassVar[FileInfo.Linkage]
+        LINKAGE_STATIC: _ClassVar[FileInfo.Linkage]
+        LINKAGE_DYNAMIC: _ClassVar[FileInfo.Linkage]
+    LINKAGE_UNSPECIFIED: FileInfo.Linkage
+    LINKAGE_STATIC: FileInfo.Linkage
+    LINKAGE_DYNAMIC: FileInfo.Linkage
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    ELF_CLASS_FIELD_NUMBER: _ClassVar[int]
+    MACHINE_FIELD_NUMBER: _ClassVar[int]
+    LINKAGE_FIELD_NUMBER: _ClassVar[int]
+    INTERPRETER_FIELD_NUMBER: _ClassVar[int]
+    SETUID_FIELD_NUMBER: _ClassVar[int]
+    SETGID_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    INTERPRETER_INFO_FIELD_NUMBER: _ClassVar[int]
+    format: FileInfo.Format
+    elf_class: int
+    machine: int
+    linkage: FileInfo.Linkage
+    interpreter: str
+    setuid: bool
+    setgid: bool
+    capabilities: bool
+    problem: str
+    interpreter_info: FileInfo
+    def __init__(self, format: _Optional[_Union[FileInfo.Format, str]] = ..., elf_class: _Optional[int] = ..., machine: _Optional[int] = ..., linkage: _Optional[_Union[FileInfo.Linkage, str]] = ..., interpreter: _Optional[str] = ..., setuid: _Optional[bool] = ..., setgid: _Optional[bool] = ..., capabilities: _Optional[bool] = ..., problem: _Optional[str] = ..., interpreter_info: _Optional[_Union[FileInfo, _Mapping]] = ...) -> None: ...
 
 class Run(_message.Message):
     __slots__ = ()
