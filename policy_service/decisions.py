@@ -136,7 +136,7 @@ class DecisionService:
         if stranded is not None:
             decision = Decision.deny(stranded, **common)
         elif evaluation.decision == "run":
-            decision = Decision.run(reason=reason, **common)
+            decision = Decision.run(reason=reason, note=untrusted_note(program, evaluation, session), **common)
         elif evaluation.decision == "escalate":
             decision = Decision.escalate(execution, reason=reason, **common)
         elif evaluation.decision == "prompt":
@@ -254,6 +254,30 @@ class DecisionService:
         return PreparedExec(command=tuple(command), cwd=workdir, env=cleaned, arg0=None)
 
 
+def untrusted_note(program: str, evaluation: object, session: SessionContext) -> str:
+    """The note for a Run that a rule would have escalated had ``program`` been trusted, or "".
+
+    A basename rule that escalates applies only to a trusted path (docs/DESIGN.md §5): a
+    virtualenv's ``pip`` then runs in the session's sandbox, without the network its rule would
+    give, and fails slowly (DNS retries) without saying why. The note names the rule, why it was
+    skipped and how to allow it. None for a session without a sandbox (Run is unconfined there).
+    """
+    box = session.sandbox
+    skipped = [r for r in getattr(evaluation, "skipped", ()) if getattr(r, "decision", "") == "escalate"]
+    if box is None or not skipped:
+        return ""
+    rule = skipped[0]
+    perms = getattr(rule.execution, "permissions", None)
+    lacks = " without network" if not box.network and (perms is None or perms.network) else ""
+    directory = os.path.dirname(program)
+    why = f" ({rule.justification})" if rule.justification else ""
+    return (f"{program} runs in the session's sandbox{lacks}: rule {rule.id} would escalate it{why}, but a rule "
+            f"naming {rule.program} by basename applies only to trusted paths (root-owned system directories, "
+            f"or trusted_dirs) and {directory} is not one. To allow it: trusted_dirs = [\"{directory}\"] in a "
+            "--rules file (this trusts whatever the session puts there), or a rule with its absolute path, "
+            f"or use a trusted {rule.program}")
+
+
 def _stranded_workdir(session: SessionContext, workdir: str) -> str | None:
     """Why an escalation cannot start in ``workdir``, or None if it can.
 
@@ -296,7 +320,10 @@ def _profile(execution: Execution, session: SessionContext, workdir: str) -> Per
         writable = tuple(dict.fromkeys((*granted.writable_roots, *own)))
         seen = session.sandbox.readable_roots if session.sandbox is not None else ()
         readable = tuple(dict.fromkeys(r for r in (*granted.readable_roots, *seen) if r not in writable))
-        return Permissions(network=granted.network, writable_roots=writable, readable_roots=readable)
+        # What the session cannot see (a real HOME behind a private one), its escalations cannot either.
+        masked = tuple(dict.fromkeys((*granted.masked_dirs, *(session.sandbox.masked_dirs if session.sandbox else ()))))
+        return Permissions(network=granted.network, writable_roots=writable, readable_roots=readable,
+                           masked_dirs=masked)
     if execution.kind == "session_default":
         return session.sandbox
     return None

@@ -60,7 +60,7 @@ def check_bounds(session: pb.SessionContext, target: pb.ExecTarget, env: Mapping
     scale = p.GRPC_TEXT_EXPANSION
     box = session.sandbox
     violation = p.session_bounds_violation(
-        session.session_id, session.labels, (*box.writable_roots, *box.readable_roots), scale=scale
+        session.session_id, session.labels, (*box.writable_roots, *box.readable_roots, *box.masked_dirs), scale=scale
     ) or p.exec_bounds_violation(
         {"target.program": target.program, "target.workdir": target.workdir,
          "target.file_problem": target.file_problem, "target.file.interpreter": target.file.interpreter,

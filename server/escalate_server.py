@@ -106,6 +106,9 @@ class EscalateServer:
             to 108 bytes).
         seccomp_launcher: path of ``execgate-seccomp-launch``: each session's shell is started under
             the seccomp backstop (:mod:`execgate.server.backstop`); None: no backstop.
+        on_note: called with each line for the user that a session has (once per session): why
+            a program a rule would escalate stays in the sandbox, which rule sandboxed an
+            escalation that failed. Default: a WARNING log line.
     """
 
     def __init__(
@@ -120,6 +123,7 @@ class EscalateServer:
         limits: Limits | None = None,
         socket_dir: str | None = None,
         seccomp_launcher: str | None = None,
+        on_note: Callable[[str], None] | None = None,
     ) -> None:
         self.shell = shell
         self.wrapper = os.path.abspath(wrapper)
@@ -130,6 +134,7 @@ class EscalateServer:
         self.limits = limits or Limits()
         self.socket_dir = socket_dir
         self.seccomp_launcher = seccomp_launcher
+        self.on_note = on_note
 
     def start_session(self, session_id: str | None = None, labels: Mapping[str, str] | None = None) -> Session:
         """Create a session and start serving it (needs a running event loop).
@@ -150,6 +155,7 @@ class EscalateServer:
             limits=self.limits,
             socket_dir=self.socket_dir,
             seccomp_launcher=self.seccomp_launcher,
+            on_note=self.on_note,
         )
 
     def shell_argv(self, command: str, *, login: bool, session: Session, workdir: str) -> list[str]:

@@ -81,6 +81,7 @@ async def handle_connection(
     on_spawn: Callable[[ChildProcess], None],
     on_run: Callable[[str, list[str]], None] | None = None,
     learn: Callable[[str], Awaitable[ExecFacts]] | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> None:
     """Serve one exec on ``conn`` (non-blocking stream socket, owned and closed here).
 
@@ -91,6 +92,9 @@ async def handle_connection(
             (the seccomp backstop lets the wrapper's exec of exactly that through undecided).
         learn: given the program (absolute), what the server learns of its file
             (:func:`execgate.server.exec_facts.learn`); sent to a policy that accepts facts.
+        on_note: called with a line for the user: a Run decision's ``note`` (why a program a rule
+            would escalate stays in the sandbox), and, when a sandboxed escalation fails, which
+            rule sandboxed it and how (:func:`failure_note`).
 
     Never raises for peer errors (they are logged); propagates cancellation.
     """
@@ -104,9 +108,13 @@ async def handle_connection(
         if decision.action == "run":
             if on_run is not None:
                 on_run(program, list(request.argv))
+            if decision.note and on_note is not None:
+                on_note(decision.note)
             await _send(conn, p.EscalateResponse("Run"))
         elif decision.action == "escalate":
-            await _escalate(conn, policy, program, request, decision, context, limits, on_spawn, facts)
+            status = await _escalate(conn, policy, program, request, decision, context, limits, on_spawn, facts)
+            if status and on_note is not None and (note := failure_note(program, decision, status)):
+                on_note(note)
         else:
             await _send(conn, p.EscalateResponse("Deny", reason=decision.reason))
     except p.BoundsError as exc:  # a ProtocolError, but one the caller should read
@@ -166,7 +174,9 @@ async def _escalate(
     limits: Limits,
     on_spawn: Callable[[ChildProcess], None],
     facts: ExecFacts | None = None,
-) -> None:
+) -> int | None:
+    """Prepare, spawn and supervise an escalated command; its status, or None if none was
+    spawned or nobody is left to tell."""
     execution = decision.execution or Execution()
     try:
         extra = {} if facts is None else {"facts": facts}  # the rule that decided may depend on them
@@ -178,7 +188,7 @@ async def _escalate(
     except Exception as exc:  # fail closed
         log.error("session %s: prepare_escalated_exec failed for %s: %r", context.session_id, program, exc)
         await _send(conn, p.EscalateResponse("Deny", reason=_failure_reason(exc)))
-        return
+        return None
     await _send(conn, p.EscalateResponse("Escalate", extensions={p.SIGNALS_EXTENSION_FIELD: True}))
     async with asyncio.timeout(limits.request_timeout_s):
         payload, fds = await recv_frame(conn, max_bytes=limits.max_frame_bytes, max_fds=limits.max_fds)
@@ -189,11 +199,28 @@ async def _escalate(
         close_fds(fds)  # the server's copies: the child has its own now
     if isinstance(child, int):
         await _send(conn, p.SuperExecResult(child))
-        return
+        return None
     on_spawn(child)
     status = await _supervise(conn, child, limits)
     if status is not None:
         await _send(conn, p.SuperExecResult(status))
+    return status
+
+
+def failure_note(program: str, decision: Decision, status: int) -> str:
+    """What the user is told when a sandboxed escalation exits with ``status`` != 0: the rule
+    that escalated it, why, and the sandbox it ran in (network, writable roots), so that an
+    ``EROFS`` or a network error can be traced to the profile. "" for an unsandboxed one."""
+    execution = decision.execution or Execution()
+    if execution.kind == "unsandboxed":
+        return ""
+    perms = execution.permissions
+    how = ("in the session's own sandbox" if perms is None else
+           f"in a sandbox with network {'on' if perms.network else 'off'}, writable only where the session "
+           "can write" + (f" and {', '.join(perms.writable_roots)}" if perms.writable_roots else ""))
+    rule = f"rule {decision.rule_id}" if decision.rule_id else "the default decision"
+    why = f" ({decision.reason})" if decision.reason and not decision.reason.startswith("rule ") else ""
+    return f"{program} exited with status {status}; {rule} escalated it{why} {how}"
 
 
 def _failure_reason(exc: Exception) -> str:

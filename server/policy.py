@@ -20,11 +20,16 @@ Action = Literal["run", "escalate", "deny"]
 
 @dataclass(frozen=True, slots=True)
 class Permissions:
-    """A sandbox permission profile: network on/off and filesystem roots (absolute paths)."""
+    """A sandbox permission profile: network on/off and filesystem roots (absolute paths).
+
+    ``masked_dirs`` are emptied (a tmpfs) before the roots are bound: the user's real HOME when
+    the session has a private one (:mod:`execgate.server.home`).
+    """
 
     network: bool = False
     writable_roots: tuple[str, ...] = ()
     readable_roots: tuple[str, ...] = ()
+    masked_dirs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +109,8 @@ class Decision:
         decision_id: unique id of this decision, for the audit trail.
         error: True when the decision is a fail-closed Deny caused by an error (policy service down,
             slow, garbage), kept apart from a real policy denial in logs and metrics.
+        note: a line for the caller's terminal ("" for none): e.g. why a program that a rule would
+            escalate stays in the sandbox, and how to allow it.
     """
 
     action: Action
@@ -112,6 +119,7 @@ class Decision:
     rule_id: str = ""
     decision_id: str = ""
     error: bool = False
+    note: str = ""
 
     @classmethod
     def run(cls, **kw: object) -> Decision:

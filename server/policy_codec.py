@@ -26,6 +26,7 @@ def permissions_to_pb(perms: Permissions) -> pb.Permissions:
         network=perms.network,
         writable_roots=list(perms.writable_roots),
         readable_roots=list(perms.readable_roots),
+        masked_dirs=list(perms.masked_dirs),
     )
 
 
@@ -35,13 +36,14 @@ def permissions_from_pb(msg: pb.Permissions) -> Permissions:
     Raises:
         CodecError: a root is not an absolute path.
     """
-    for root in (*msg.writable_roots, *msg.readable_roots):
+    for root in (*msg.writable_roots, *msg.readable_roots, *msg.masked_dirs):
         if not os.path.isabs(root):
             raise CodecError(f"sandbox root {root!r} is not an absolute path")
     return Permissions(
         network=msg.network,
         writable_roots=tuple(msg.writable_roots),
         readable_roots=tuple(msg.readable_roots),
+        masked_dirs=tuple(msg.masked_dirs),
     )
 
 
@@ -206,7 +208,8 @@ def target_from_pb(msg: pb.ExecTarget) -> tuple[str, tuple[str, ...], str]:
 
 def decision_to_pb(decision: Decision) -> pb.Decision:
     msg = pb.Decision(
-        rule_id=decision.rule_id, decision_id=decision.decision_id, reason=decision.reason or ""
+        rule_id=decision.rule_id, decision_id=decision.decision_id, reason=decision.reason or "",
+        note=decision.note,
     )
     if decision.action == "run":
         msg.run.SetInParent()
@@ -224,7 +227,7 @@ def decision_from_pb(msg: pb.Decision) -> Decision:
         CodecError: no action is set, or an escalation carries no valid execution.
     """
     action = msg.WhichOneof("action")
-    common = {"rule_id": msg.rule_id, "decision_id": msg.decision_id}
+    common = {"rule_id": msg.rule_id, "decision_id": msg.decision_id, "note": msg.note}
     if action == "run":
         return Decision.run(reason=msg.reason or None, **common)
     if action == "escalate":

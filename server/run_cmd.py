@@ -76,6 +76,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         help="execve wrapper run once per exec (default: native)")
     parser.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto",
                         help="auto: bwrap when it works here (default); bwrap: require it; none: unconfined")
+    parser.add_argument("--home", metavar="private|real|DIR", default=None,
+                        help="the session's HOME. private (the default with a sandbox): a fresh writable directory "
+                             "(HOME, XDG_*_HOME, pip/npm/cargo/Go caches point into it; .gitconfig gets only your "
+                             "user.name and user.email; removed at exit) and your real HOME is hidden; "
+                             "real (the default without a sandbox): your real HOME, WRITABLE in the sandbox: the "
+                             "session gets your dotfiles and credentials; DIR: like private, in DIR, kept")
     parser.add_argument("--seccomp", choices=("auto", "on", "off"), default="auto",
                         help="seccomp backstop: every exec of the session reaches the gate, whatever made it "
                              "(static and Go programs, raw system calls); auto: on where the kernel allows it (default)")
@@ -309,6 +315,11 @@ async def policy_address(args: argparse.Namespace, sandboxed: bool = True) -> As
         await embedded.__aexit__(None, None, None)
 
 
+def _note(text: str) -> None:
+    """A session's note for the user, on stderr (where the script's own stderr goes too)."""
+    print(f"execgate: note: {text}", file=sys.stderr, flush=True)
+
+
 def _stream(stream: str, data: bytes) -> None:
     out = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
     out.write(data)
@@ -324,6 +335,7 @@ class _Plan:
     sandbox: object  # execgate.server.sandbox.ShellSandbox
     extra_env: object
     seccomp: tuple[str | None, str]  # (launcher path or None, note)
+    home: object  # execgate.server.home.SessionHome
     workdir: str
     labels: dict[str, str]
     token: str | None
@@ -332,6 +344,7 @@ class _Plan:
 
 def _plan(args: argparse.Namespace) -> _Plan:
     """Resolve the options. Raises RunSetupError with a one-line reason."""
+    from execgate.server.home import HomeError, prepare_home, with_home
     from execgate.server.sandbox import SandboxError, choose_sandbox, unsafe_workdir
 
     if args.policy is not None and not args.policy.strip():
@@ -353,11 +366,16 @@ def _plan(args: argparse.Namespace) -> _Plan:
     if seccomp[0] is not None:
         visible.append(str(Path(seccomp[0]).parent))
     try:
-        sandbox = choose_sandbox(args.sandbox, workdir=workdir, readable=[sys.prefix, *visible],
+        sandbox = choose_sandbox(args.sandbox, workdir=workdir, readable=[sys.prefix, sys.base_prefix, *visible],
                                  hidden=policy_credentials(args))
     except SandboxError as exc:
         raise RunSetupError(f"--sandbox bwrap: {exc}") from exc
-    return _Plan(shell, wrapper, sandbox, extra_env, seccomp, workdir, labels, token, tls_credentials(args))
+    tls = tls_credentials(args)
+    try:
+        home = prepare_home(args.home, sandboxed=sandbox.mode == "bwrap", real_home=os.environ.get("HOME"))
+    except HomeError as exc:
+        raise RunSetupError(str(exc)) from exc
+    return _Plan(shell, wrapper, with_home(sandbox, home), extra_env, seccomp, home, workdir, labels, token, tls)
 
 
 def policy_credentials(args: argparse.Namespace) -> list[str]:
@@ -416,13 +434,22 @@ def tls_credentials(args: argparse.Namespace) -> object:
 
 
 async def run(args: argparse.Namespace) -> int:
-    """Run ``args.script`` as ``execgate run`` does; returns the exit status to use."""
+    """Run ``args.script`` as ``execgate run`` does; returns the exit status to use. A private
+    HOME (``--home``) is removed afterwards, whatever happened."""
+    plan = _plan(args)
+    try:
+        return await _run_planned(args, plan)
+    finally:
+        plan.home.cleanup()  # type: ignore[attr-defined]
+
+
+async def _run_planned(args: argparse.Namespace, plan: _Plan) -> int:
     from execgate.server.sandbox import SandboxError
 
-    plan = _plan(args)
     rules = rules_line(args)
     if not args.quiet:
         print(f"execgate: {plan.sandbox.note}", file=sys.stderr, flush=True)  # type: ignore[attr-defined]
+        print(f"execgate: {plan.home.note}", file=sys.stderr, flush=True)  # type: ignore[attr-defined]
         print(f"execgate: {rules}", file=sys.stderr, flush=True)
         print(f"execgate: {plan.seccomp[1]}", file=sys.stderr, flush=True)
     received = _cancel_on_signals()
@@ -466,9 +493,10 @@ async def _run_session(args: argparse.Namespace, plan: _Plan) -> int:
         try:
             server = EscalateServer(plan.shell, str(plan.wrapper), policy, launcher=plan.sandbox,  # type: ignore[arg-type]
                                     extra_env=plan.extra_env,  # type: ignore[arg-type]
-                                    seccomp_launcher=plan.seccomp[0])
+                                    seccomp_launcher=plan.seccomp[0], on_note=_note)
             result = await server.exec(
                 script_text(args.script), plan.workdir, timeout_s=args.timeout, login=args.login,
+                env={**os.environ, **plan.home.env},  # type: ignore[attr-defined]
                 on_output=None if args.json else _stream, labels=plan.labels,
             )
         finally:

@@ -8,14 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Permissions(_message.Message):
-    __slots__ = ("network", "writable_roots", "readable_roots")
+    __slots__ = ("network", "writable_roots", "readable_roots", "masked_dirs")
     NETWORK_FIELD_NUMBER: _ClassVar[int]
     WRITABLE_ROOTS_FIELD_NUMBER: _ClassVar[int]
     READABLE_ROOTS_FIELD_NUMBER: _ClassVar[int]
+    MASKED_DIRS_FIELD_NUMBER: _ClassVar[int]
     network: bool
     writable_roots: _containers.RepeatedScalarFieldContainer[str]
     readable_roots: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, network: _Optional[bool] = ..., writable_roots: _Optional[_Iterable[str]] = ..., readable_roots: _Optional[_Iterable[str]] = ...) -> None: ...
+    masked_dirs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, network: _Optional[bool] = ..., writable_roots: _Optional[_Iterable[str]] = ..., readable_roots: _Optional[_Iterable[str]] = ..., masked_dirs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Unsandboxed(_message.Message):
     __slots__ = ()
@@ -127,7 +129,7 @@ class Deny(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("run", "escalate", "deny", "rule_id", "decision_id", "reason", "approver")
+    __slots__ = ("run", "escalate", "deny", "rule_id", "decision_id", "reason", "approver", "note")
     RUN_FIELD_NUMBER: _ClassVar[int]
     ESCALATE_FIELD_NUMBER: _ClassVar[int]
     DENY_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +137,7 @@ class Decision(_message.Message):
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     APPROVER_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
     run: Run
     escalate: Escalate
     deny: Deny
@@ -142,7 +145,8 @@ class Decision(_message.Message):
     decision_id: str
     reason: str
     approver: str
-    def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ..., escalate: _Optional[_Union[Escalate, _Mapping]] = ..., deny: _Optional[_Union[Deny, _Mapping]] = ..., rule_id: _Optional[str] = ..., decision_id: _Optional[str] = ..., reason: _Optional[str] = ..., approver: _Optional[str] = ...) -> None: ...
+    note: str
+    def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ..., escalate: _Optional[_Union[Escalate, _Mapping]] = ..., deny: _Optional[_Union[Deny, _Mapping]] = ..., rule_id: _Optional[str] = ..., decision_id: _Optional[str] = ..., reason: _Optional[str] = ..., approver: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...
 
 class DetermineActionRequest(_message.Message):
     __slots__ = ("session", "target", "env")
