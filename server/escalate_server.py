@@ -181,6 +181,7 @@ class EscalateServer:
         session_id: str | None = None,
         labels: Mapping[str, str] | None = None,
         max_capture: int = DEFAULT_MAX_CAPTURE,
+        stderr_to_stdout: bool = False,
     ) -> ExecResult:
         """Run ``SHELL -c|-lc command`` in ``workdir`` in a fresh session and capture its output.
 
@@ -199,6 +200,9 @@ class EscalateServer:
             max_capture: bytes kept of each of ``stdout``, ``stderr`` and ``output`` (default
                 16 MiB; 0 keeps nothing, e.g. when ``on_output`` streams it all). The rest is read
                 and discarded, so the script never blocks on a full pipe; ``truncated`` counts it.
+            stderr_to_stdout: give the shell one pipe for stdout and stderr (as ``2>&1``):
+                ``stdout`` and ``output`` then hold both in exactly the order written, ``stderr``
+                is empty (with two pipes the order between them is only the order of reading).
 
         Stdin of the shell is ``/dev/null``. When the shell exits, the session closes (killing any
         escalated command still running) and its pipes are read for at most ``DRAIN_S`` more seconds.
@@ -208,7 +212,7 @@ class EscalateServer:
             OSError: the shell could not be spawned.
         """
         started = time.monotonic()
-        capture = OutputPipes(on_output, max_capture)
+        capture = OutputPipes(on_output, max_capture, stderr_to_stdout)
         try:
             async with self.start_session(session_id, labels) as session:
                 argv = self.shell_argv(command, login=login, session=session, workdir=workdir)

@@ -17,7 +17,8 @@ Ordering: chunks are recorded and written in the order the reads complete. The t
 separate kernel buffers, so the order between stdout and stderr is kept only for writes that
 execgate read before the script wrote to the other stream; writes made close together (both pipes
 holding data when execgate wakes up) may come out swapped, chunk by chunk. Within one stream the
-order is always exact.
+order is always exact. Where the two need not be told apart (``execgate run`` streaming into one
+terminal or file for both), ``stderr_to_stdout`` gives the shell one pipe for both: exact order.
 """
 
 from __future__ import annotations
@@ -124,19 +125,23 @@ class OutputPipes:
     Args:
         on_output: optional :data:`OutputCallback`, called on the event loop per chunk read.
         max_capture: bytes kept of each of ``stdout``, ``stderr`` and ``output`` (0: none).
+        stderr_to_stdout: one pipe for both fd 1 and fd 2 (as ``2>&1``): everything arrives as
+            ``stdout``, in exactly the order written; ``stderr`` stays empty.
 
     Raises:
         ValueError: ``max_capture`` is negative.
         OSError: the pipes could not be created.
     """
 
-    def __init__(self, on_output: OutputCallback | None, max_capture: int = DEFAULT_MAX_CAPTURE) -> None:
+    def __init__(self, on_output: OutputCallback | None, max_capture: int = DEFAULT_MAX_CAPTURE,
+                 stderr_to_stdout: bool = False) -> None:
         self.on_output = on_output
         self.buffers = {name: CaptureBuffer(max_capture) for name in CAPTURED}
+        self.streams = ("stdout",) if stderr_to_stdout else ("stdout", "stderr")
         self.fds: dict[str, int] = {}
         self.tasks: list[asyncio.Future[None]] = []
         try:
-            for name in ("stdout", "stderr"):
+            for name in self.streams:
                 self.fds[name], self.fds[name + "_w"] = os.pipe()
         except BaseException:
             close_fds(self.fds.values())
@@ -144,14 +149,14 @@ class OutputPipes:
 
     def write_ends(self) -> dict[int, int]:
         """Destination → write end, for :func:`~execgate.server.spawn.spawn`'s ``stdio``."""
-        return {1: self.fds["stdout_w"], 2: self.fds["stderr_w"]}
+        return {1: self.fds["stdout_w"], 2: self.fds[self.streams[-1] + "_w"]}
 
     def close_write_ends(self) -> None:
-        close_fds([self.fds.pop("stdout_w"), self.fds.pop("stderr_w")])
+        close_fds([self.fds.pop(name + "_w") for name in self.streams])
 
     def start(self) -> None:
-        """Start reading both pipes (needs a running event loop)."""
-        self.tasks = [asyncio.ensure_future(self._drain(n)) for n in ("stdout", "stderr")]
+        """Start reading the pipes (needs a running event loop)."""
+        self.tasks = [asyncio.ensure_future(self._drain(n)) for n in self.streams]
 
     async def finish(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` seconds for both pipes to reach EOF."""
@@ -192,6 +197,16 @@ class OutputPipes:
     def truncated(self) -> dict[str, int]:
         """``{stream: bytes dropped}`` for each captured stream that was cut (empty: none was)."""
         return {name: buf.dropped for name, buf in self.buffers.items() if buf.dropped}
+
+
+def same_file(fd_a: int, fd_b: int) -> bool:
+    """True if two fds of this process are open on the same file (device and inode: the same
+    terminal, pipe or file, e.g. after ``2>&1``); False if either is not open."""
+    try:
+        a, b = os.fstat(fd_a), os.fstat(fd_b)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def write_all(fd: int, data: bytes) -> None:

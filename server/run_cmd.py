@@ -472,7 +472,7 @@ def _cancel_on_signals() -> list[int]:
 async def _run_session(args: argparse.Namespace, plan: _Plan) -> int:
     from execgate.server.escalate_server import DEFAULT_MAX_CAPTURE, EscalateServer
     from execgate.server.grpc_policy import GrpcPolicy
-    from execgate.server.output import StdioWriter
+    from execgate.server.output import StdioWriter, same_file
 
     sandboxed = getattr(plan.sandbox, "mode", "none") != "none"
     async with policy_address(args, sandboxed) as endpoint:
@@ -482,11 +482,13 @@ async def _run_session(args: argparse.Namespace, plan: _Plan) -> int:
             server = EscalateServer(plan.shell, str(plan.wrapper), policy, launcher=plan.sandbox,  # type: ignore[arg-type]
                                     extra_env=plan.extra_env,  # type: ignore[arg-type]
                                     seccomp_launcher=plan.seccomp[0])
-            # Streaming holds nothing (max_capture 0): chunks go straight to our stdout/stderr.
+            # Streaming holds nothing (max_capture 0): chunks go straight to our stdout/stderr,
+            # through one pipe when those are one terminal or file (`2>&1`), to keep their order.
             cap = (DEFAULT_MAX_CAPTURE if args.max_capture is None else args.max_capture) if args.json else 0
             result = await server.exec(
                 script_text(args.script), plan.workdir, timeout_s=args.timeout, login=args.login,
                 on_output=None if args.json else StdioWriter(), labels=plan.labels, max_capture=cap,
+                stderr_to_stdout=not args.json and same_file(1, 2),
             )
         finally:
             await policy.aclose()

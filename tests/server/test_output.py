@@ -124,3 +124,12 @@ async def test_a_reader_that_went_away_gives_the_script_epipe_not_a_hang(short_t
     finally:
         os.close(write_end)
     assert (result.exit_code, result.timed_out) == (128 + signal.SIGPIPE, False)
+
+
+@pytest.mark.anyio
+async def test_stderr_to_stdout_keeps_the_exact_order_written(short_tmp):
+    # One pipe for both (2>&1): the order is the order written, even for writes made back to back.
+    script = "for i in $(seq 200); do echo out$i; echo err$i >&2; done"
+    result = await _server(TablePolicy(), short_tmp).exec(script, str(short_tmp), stderr_to_stdout=True)
+    want = "".join(f"out{i}\nerr{i}\n" for i in range(1, 201))
+    assert (result.exit_code, result.stdout, result.stderr, result.output) == (0, want, "", want)
