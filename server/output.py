@@ -47,7 +47,7 @@ CAPTURED = ("stdout", "stderr", "output")
 #: If it returns an awaitable, that stream is not read again until the awaitable is done
 #: (back-pressure); if the awaitable raises OSError, the stream's pipe is closed (the script's
 #: next write to it gets EPIPE, as in a shell pipeline whose reader went away).
-OutputCallback = Callable[[str, bytes], "Awaitable[None] | None"]
+OutputCallback = Callable[[str, bytes], Awaitable[None] | None]
 
 
 def complete_utf8_prefix(data: bytes | bytearray | memoryview) -> int:
