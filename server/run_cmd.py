@@ -3,8 +3,10 @@
 The pieces, in order: choose the wrapper (native or Python) and the interception (preload shim or
 an ``EXEC_WRAPPER``-honouring shell); choose the sandbox (bubblewrap or none); reach a policy
 service — a running one (``--policy``) or an embedded one on a private Unix socket, through the
-same gRPC path; then :meth:`EscalateServer.exec` with the output streamed live (or captured and
-printed as JSON with ``--json``). ``execgate run`` exits with the script's status.
+same gRPC path; then :meth:`EscalateServer.exec` with the output streamed live through a
+back-pressured writer that holds none of it (or, with ``--json``, captured up to ``--max-capture``
+bytes per stream and printed as JSON; :mod:`execgate.server.output`). ``execgate run`` exits with
+the script's status.
 
 Prompts and the embedded service (docs/DESIGN.md §8): the embedded decision endpoint needs a
 per-run token held only in this process's memory, and the process makes itself non-dumpable
@@ -97,7 +99,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                              "needs a sandbox")
     parser.add_argument("--approval-timeout", metavar="SECONDS", type=_seconds, default=60.0,
                         help="seconds a prompt of the embedded service waits for an answer (default 60)")
-    parser.add_argument("--json", action="store_true", help="print the result (exit_code, stdout, stderr, output, duration, timed_out) as JSON instead of streaming")
+    parser.add_argument("--json", action="store_true",
+                        help="print the result (exit_code, stdout, stderr, output, duration, timed_out, truncated) "
+                             "as JSON instead of streaming")
+    parser.add_argument("--max-capture", metavar="BYTES", type=_byte_count, default=None,
+                        help="with --json: bytes kept of each of stdout, stderr and output (default 16777216, "
+                             "16 MiB); the rest is read and dropped, counted in `truncated`")
     parser.add_argument("-q", "--quiet", action="store_true", help="do not print the chosen sandbox on stderr")
     parser.set_defaults(func=main)
 
@@ -110,6 +117,17 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
+def _byte_count(text: str) -> int:
+    """argparse type: a whole number of bytes >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of bytes: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 bytes, got {text!r}")
     return value
 
 
@@ -320,12 +338,6 @@ def _note(text: str) -> None:
     print(f"execgate: note: {text}", file=sys.stderr, flush=True)
 
 
-def _stream(stream: str, data: bytes) -> None:
-    out = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
-    out.write(data)
-    out.flush()
-
-
 @dataclass(frozen=True)
 class _Plan:
     """What ``execgate run`` resolved from its options before starting anything."""
@@ -347,6 +359,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
     from execgate.server.home import HomeError, prepare_home, with_home
     from execgate.server.sandbox import SandboxError, choose_sandbox, unsafe_workdir
 
+    if args.max_capture is not None and not args.json:
+        raise RunSetupError("--max-capture is for --json (streamed output is never held)")
     if args.policy is not None and not args.policy.strip():
         raise RunSetupError("--policy: empty address (give unix:///path or host:port, or leave --policy out for the embedded service)")
     workdir = os.path.abspath(args.cwd or os.getcwd())
@@ -483,8 +497,9 @@ def _cancel_on_signals() -> list[int]:
 
 
 async def _run_session(args: argparse.Namespace, plan: _Plan) -> int:
-    from execgate.server.escalate_server import EscalateServer
+    from execgate.server.escalate_server import DEFAULT_MAX_CAPTURE, EscalateServer
     from execgate.server.grpc_policy import GrpcPolicy
+    from execgate.server.output import StdioWriter, same_file
 
     sandboxed = getattr(plan.sandbox, "mode", "none") != "none"
     async with policy_address(args, sandboxed) as endpoint:
@@ -494,15 +509,34 @@ async def _run_session(args: argparse.Namespace, plan: _Plan) -> int:
             server = EscalateServer(plan.shell, str(plan.wrapper), policy, launcher=plan.sandbox,  # type: ignore[arg-type]
                                     extra_env=plan.extra_env,  # type: ignore[arg-type]
                                     seccomp_launcher=plan.seccomp[0], on_note=_note)
+            # Streaming holds nothing (max_capture 0): chunks go straight to our stdout/stderr,
+            # through one pipe when those are one terminal or file (`2>&1`), to keep their order.
+            cap = (DEFAULT_MAX_CAPTURE if args.max_capture is None else args.max_capture) if args.json else 0
             result = await server.exec(
                 script_text(args.script), plan.workdir, timeout_s=args.timeout, login=args.login,
                 env={**os.environ, **plan.home.env},  # type: ignore[attr-defined]
-                on_output=None if args.json else _stream, labels=plan.labels,
+                on_output=None if args.json else StdioWriter(), labels=plan.labels, max_capture=cap,
+                stderr_to_stdout=not args.json and same_file(1, 2),
             )
         finally:
             await policy.aclose()
     if args.json:
-        print(result.to_json())
+        print_json_result(result, cap)
     elif result.timed_out:
         print(f"execgate: timed out after {args.timeout:g} s; killed everything the script started", file=sys.stderr)
     return result.exit_code
+
+
+def print_json_result(result: object, cap: int) -> None:
+    """``--json``: the result on stdout, written piecewise (no second copy of the output in one
+    string), and a one-line note on stderr if a stream was cut at ``cap`` bytes."""
+    import json
+
+    json.dump(result.to_dict(), sys.stdout)  # type: ignore[attr-defined]
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    truncated = result.truncated  # type: ignore[attr-defined]
+    if truncated:
+        counts = ", ".join(f"{name} {n}" for name, n in truncated.items())
+        print(f"execgate: --json: output truncated at {cap} bytes per stream; bytes dropped: {counts} "
+              "(see --max-capture)", file=sys.stderr, flush=True)
