@@ -141,14 +141,19 @@ class GrpcPolicy:
         self._determine_call: grpc.aio.UnaryStreamMultiCallable | None = None
         self.stats: Counter[str] = Counter()
         self.metrics = metrics if metrics is not None else ClientMetrics()
+        self._inject = True
 
     def _get_stub(self) -> policy_pb2_grpc.EscalationPolicyStub:
         loop = asyncio.get_running_loop()
         if self._stub is None or self._loop is not loop:
+            interceptors = self.metrics.client_interceptors() or None
+            self._inject = interceptors is None  # the interceptors send the trace context themselves
             if self._tls is not None:
-                self._channel = grpc.aio.secure_channel(self.address, self._tls, options=_CHANNEL_OPTIONS)
+                self._channel = grpc.aio.secure_channel(self.address, self._tls, options=_CHANNEL_OPTIONS,
+                                                        interceptors=interceptors)
             else:
-                self._channel = grpc.aio.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
+                self._channel = grpc.aio.insecure_channel(self.address, options=_CHANNEL_OPTIONS,
+                                                          interceptors=interceptors)
             self._loop = loop
             self._stub = policy_pb2_grpc.EscalationPolicyStub(self._channel)
             self._determine_call = self._channel.unary_stream(
@@ -192,7 +197,7 @@ class GrpcPolicy:
         started = time.monotonic()
         with self.metrics.call_span(session.session_id) as span:
             try:
-                response = _expect(await self._determine(request, trace_metadata()), pb.DetermineActionResponse)
+                response = _expect(await self._determine(request), pb.DetermineActionResponse)
                 decision = codec.decision_from_pb(response.decision)
             except (grpc.aio.AioRpcError, codec.CodecError, _NoAnswer) as exc:
                 cause = self._describe(exc)
@@ -215,12 +220,11 @@ class GrpcPolicy:
         self.metrics.calls.labels(method).observe(time.monotonic() - started)
         self.metrics.failures.labels(method, self._classify(exc)).inc()
 
-    async def _determine(self, request: pb.DetermineActionRequest, extra: tuple[tuple[str, str], ...] = ()) -> object:
+    async def _determine(self, request: pb.DetermineActionRequest) -> object:
         self._get_stub()
         assert self._determine_call is not None
-        call = self._determine_call(
-            request, timeout=self.prompt_timeout_s, metadata=self._metadata + extra, wait_for_ready=False
-        )
+        metadata = self._metadata + trace_metadata() if self._inject else self._metadata
+        call = self._determine_call(request, timeout=self.prompt_timeout_s, metadata=metadata, wait_for_ready=False)
         try:
             try:
                 async with asyncio.timeout(self.timeout_s):

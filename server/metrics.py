@@ -9,11 +9,13 @@ no usable answer (each a fail-closed Deny for DetermineAction, a refused escalat
 PrepareEscalatedExec). Labels are bounded: method, outcome, a cause from :data:`CAUSES` or a gRPC
 status code name; never argv, a program path or a session id.
 
-Traces: one CLIENT span per ``DetermineAction`` (:data:`CLIENT_SPAN`) made by hand — OpenTelemetry's
-grpc.aio client interceptors cannot wrap it, since the client reads the unary method through a
-stream call to see its prompt notice (see :mod:`execgate.server.grpc_policy`), and the interceptor
-turns that call into an async iterator without ``read()`` — and its trace context sent in the
-request metadata (W3C ``traceparent``), so the service's spans join the same trace.
+Traces: one span per ``DetermineAction`` (:data:`CLIENT_SPAN`) with the decision id, outcome, rule
+id and session id. With a tracer provider given, the channel also carries OpenTelemetry's grpc.aio
+client interceptors (checked here: they work with the stream call through which the client reads
+the unary method, see :mod:`execgate.server.grpc_policy`): a CLIENT span per call, whose trace
+context they send in the request metadata. Without one (no interceptors on the hot path) the
+context of the current span is sent by hand (W3C ``traceparent``), so a globally installed SDK
+still joins the service's spans to the caller's trace.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from execgate.server.telemetry import LATENCY_BUCKETS_S
 
-#: Name of the client span of one DetermineAction call.
-CLIENT_SPAN = "execgate.policy.DetermineAction"
+#: Name of the escalation server's span of one DetermineAction call.
+CLIENT_SPAN = "execgate.server.decide"
 #: The instrumentation scope of this side's spans.
 TRACER_NAME = "execgate.server"
 
@@ -56,6 +58,7 @@ class ClientMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None, *, tracer_provider: Any = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.tracer_provider = tracer_provider
         self._tracer = trace.get_tracer(TRACER_NAME, tracer_provider=tracer_provider)
         r = self.registry
         self.calls = Histogram("execgate_policy_call_seconds", "Seconds a call to the policy service took "
@@ -67,14 +70,20 @@ class ClientMetrics:
                                 "closed, by method and cause", ("method", "cause"), registry=r)
 
     def call_span(self, session_id: str) -> Any:
-        """A context manager: the CLIENT span of one DetermineAction, current inside the block."""
-        span = self._tracer.start_as_current_span(CLIENT_SPAN, kind=trace.SpanKind.CLIENT,
-                                                  record_exception=False, set_status_on_exception=False,
-                                                  attributes={"rpc.system": "grpc",
-                                                              "rpc.service": "execgate.v1.EscalationPolicy",
-                                                              "rpc.method": "DetermineAction",
-                                                              "execgate.session_id": session_id})
-        return span
+        """A context manager: the span of one DetermineAction, current inside the block."""
+        return self._tracer.start_as_current_span(CLIENT_SPAN, record_exception=False, set_status_on_exception=False,
+                                                  attributes={"execgate.session_id": session_id})
+
+    def client_interceptors(self) -> list[Any]:
+        """OpenTelemetry's grpc.aio client interceptors for this tracer provider; [] without one
+        or without ``opentelemetry-instrumentation-grpc`` (the ``otel`` extra)."""
+        if self.tracer_provider is None:
+            return []
+        try:
+            from opentelemetry.instrumentation.grpc import aio_client_interceptors
+        except ModuleNotFoundError:
+            return []
+        return list(aio_client_interceptors(tracer_provider=self.tracer_provider))
 
 
 def trace_metadata() -> tuple[tuple[str, str], ...]:
@@ -86,14 +95,14 @@ def trace_metadata() -> tuple[tuple[str, str], ...]:
 
 
 def describe_answer(span: Any, decision_id: str, outcome: str, rule_id: str) -> None:
-    """Put the service's answer on a client span."""
+    """Put the service's answer on the decision span."""
     span.set_attribute("execgate.decision_id", decision_id)
     span.set_attribute("execgate.outcome", outcome)
     span.set_attribute("execgate.rule_id", rule_id)
 
 
 def describe_failure(span: Any, cause: str, message: str) -> None:
-    """Mark a client span as failed closed (outcome ``error``; the caller gets a Deny)."""
+    """Mark a decision span as failed closed (outcome ``error``; the caller gets a Deny)."""
     span.set_attribute("execgate.outcome", "error")
     span.set_attribute("execgate.error", cause)
     span.set_status(trace.Status(trace.StatusCode.ERROR, message))
