@@ -106,3 +106,37 @@ def describe_failure(span: Any, cause: str, message: str) -> None:
     span.set_attribute("execgate.outcome", "error")
     span.set_attribute("execgate.error", cause)
     span.set_status(trace.Status(trace.StatusCode.ERROR, message))
+
+
+class RunTelemetry:
+    """``execgate run``'s metrics and traces: one registry for its policy client and (when the
+    service is embedded) the service itself, served on ``--metrics`` while the script runs.
+
+    Args:
+        listen: ``(host, port)`` for ``/metrics``, or None for no endpoint.
+        tracing: the configured tracer provider (:func:`~execgate.server.telemetry.options`), or None.
+        embedded: also make the embedded policy service's metrics (:attr:`service`).
+
+    Raises:
+        OSError: the metrics address cannot be bound.
+    """
+
+    def __init__(self, listen: tuple[str, int] | None, tracing: Any, *, embedded: bool) -> None:
+        from execgate.server.telemetry import MetricsEndpoint
+
+        provider = tracing.provider if tracing is not None else None
+        self.tracing = tracing
+        self.client = ClientMetrics(tracer_provider=provider)
+        self.service: Any = None
+        if embedded:
+            from execgate.policy_service.metrics import PolicyMetrics
+
+            self.service = PolicyMetrics(self.client.registry, tracer_provider=provider)
+        self.endpoint = MetricsEndpoint(self.client.registry, *listen) if listen is not None else None
+
+    def close(self) -> None:
+        """Stop the endpoint and flush the traces (blocking: call it off the event loop)."""
+        if self.endpoint is not None:
+            self.endpoint.close()
+        if self.tracing is not None:
+            self.tracing.shutdown()

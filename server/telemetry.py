@@ -142,3 +142,29 @@ def tracer_provider_from_config(endpoint: str | None, service_name: str) -> Trac
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     return Tracing(provider, endpoint)
 
+
+
+def add_options(parser: Any, *, service_name: str) -> None:
+    """Add ``--metrics HOST:PORT``, ``--metrics-public`` and ``--otlp-endpoint URL`` to ``parser``."""
+    parser.add_argument("--metrics", metavar="HOST:PORT",
+                        help="serve Prometheus metrics on http://HOST:PORT/metrics (loopback unless "
+                             "--metrics-public; port 0: any free port, printed)")
+    parser.add_argument("--metrics-public", action="store_true",
+                        help="allow --metrics on a non-loopback address (anyone who reaches it reads the "
+                             "decision counts of every rule)")
+    parser.add_argument("--otlp-endpoint", metavar="URL",
+                        help=f"export traces ({service_name}: a span per decision) over OTLP/gRPC to URL, e.g. "
+                             "http://127.0.0.1:4317 (default: $OTEL_EXPORTER_OTLP_ENDPOINT; none: no export)")
+
+
+def options(args: Any, *, service_name: str) -> tuple[tuple[str, int] | None, Tracing | None]:
+    """Resolve :func:`add_options`' options: where to serve ``/metrics`` (or None) and the
+    configured tracing (or None).
+
+    Raises:
+        TelemetryError: a bad or non-loopback ``--metrics``, or tracing without the ``otel`` extra.
+    """
+    listen = parse_metrics_address(args.metrics, public=args.metrics_public) if args.metrics else None
+    if args.metrics_public and not args.metrics:
+        raise TelemetryError("--metrics-public needs --metrics HOST:PORT")
+    return listen, tracer_provider_from_config(otlp_endpoint(args.otlp_endpoint), service_name)
