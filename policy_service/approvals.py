@@ -31,6 +31,11 @@ log = logging.getLogger(__name__)
 
 Verdict = Literal["once", "session", "deny"]
 
+#: How a prompt can end (:attr:`ApprovalOutcome.result`): approved once or for the session by an
+#: approver, covered by an earlier grant, denied by an approver, unanswered by its deadline, no
+#: approver connected, or refused outright (a broker made with ``refuse_reason``).
+RESULTS = ("approved", "approved_session", "granted", "denied", "timeout", "no_approver", "refused")
+
 
 class UnknownRequest(KeyError):
     """Raised by :meth:`ApprovalBroker.resolve` for an id that is not pending (unknown, answered, expired)."""
@@ -78,12 +83,14 @@ class ApprovalOutcome:
         reason: the approver's reason, or why nobody answered.
         approver: who answered ("" if nobody).
         for_session: approved for the rest of the session (or by such an earlier approval).
+        result: how it ended, one of :data:`RESULTS` (the label of the prompt metrics).
     """
 
     approved: bool
     reason: str
     approver: str = ""
     for_session: bool = False
+    result: str = ""
 
 
 @dataclass(slots=True)
@@ -125,6 +132,10 @@ class ApprovalBroker:
     def approvers(self) -> int:
         """Number of connected approvers."""
         return len(self._subscribers)
+
+    def pending_count(self) -> int:
+        """Number of requests waiting now (a plain read: safe from a metrics scrape's thread)."""
+        return len(self._pending)
 
     def is_pending(self, request_id: str) -> bool:
         """True while ``request_id`` waits for an answer."""
@@ -178,17 +189,17 @@ class ApprovalBroker:
             The outcome; never raises for a missing or silent approver.
         """
         if self.refuse_reason is not None:
-            return ApprovalOutcome(False, self.refuse_reason)
+            return ApprovalOutcome(False, self.refuse_reason, result="refused")
         shown_env = tuple(sorted((env or {}).items()))
         shown_facts = None if facts is None else (facts.kinds, facts.children_unseen)
         key = (session.session_id, program, tuple(argv), shown_env, shown_facts)
         if key in self._grants:
-            return ApprovalOutcome(True, "approved earlier for this session", self._grants[key], True)
+            return ApprovalOutcome(True, "approved earlier for this session", self._grants[key], True, "granted")
         loop = asyncio.get_running_loop()
         timeout = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
         deadline = loop.time() + timeout
         if not self._subscribers and not await self._wait_for_approver(min(self.approver_wait_s, timeout)):
-            return ApprovalOutcome(False, "approval required but no approver is connected")
+            return ApprovalOutcome(False, "approval required but no approver is connected", result="no_approver")
         request = ApprovalRequest(
             uuid.uuid4().hex, session, program, tuple(argv), workdir, rule_id, reason, execution, deadline, shown_env,
             facts,
@@ -201,7 +212,7 @@ class ApprovalBroker:
             async with asyncio.timeout_at(deadline):
                 outcome = await pending.future
         except TimeoutError:
-            return ApprovalOutcome(False, f"approval timed out after {timeout:g} s with no answer")
+            return ApprovalOutcome(False, f"approval timed out after {timeout:g} s with no answer", result="timeout")
         finally:
             self._pending.pop(request.request_id, None)
         if outcome.approved and outcome.for_session:
@@ -233,9 +244,10 @@ class ApprovalBroker:
         if pending is None or pending.future.done():
             raise UnknownRequest(request_id)
         if verdict == "deny":
-            outcome = ApprovalOutcome(False, reason or "denied by approver", approver)
+            outcome = ApprovalOutcome(False, reason or "denied by approver", approver, result="denied")
         else:
             text = reason or ("approved for this session" if verdict == "session" else "approved once")
-            outcome = ApprovalOutcome(True, text, approver, verdict == "session")
+            outcome = ApprovalOutcome(True, text, approver, verdict == "session",
+                                      "approved_session" if verdict == "session" else "approved")
         pending.future.set_result(outcome)
         log.info("approval %s resolved by %s: %s", request_id, approver or "?", verdict)

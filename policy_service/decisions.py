@@ -38,10 +38,12 @@ class EscalationRefused(ValueError):
 
 
 class Decided(NamedTuple):
-    """A decision and who approved it ("" when no approver was asked)."""
+    """A decision, who approved it ("" when no approver was asked) and, for a prompt, how it ended
+    (:data:`~execgate.policy_service.approvals.RESULTS`; "" when the rule did not prompt)."""
 
     decision: Decision
     approver: str
+    prompt: str = ""
 
 
 class _Evaluation(Protocol):
@@ -129,7 +131,7 @@ class DecisionService:
         reason = evaluation.reason or ""
         execution = evaluation.execution or Execution()
         common = {"rule_id": rule_id, "decision_id": uuid.uuid4().hex}
-        approver = ""
+        approver = prompt = ""
         # An escalation from a directory that exists only in the session's sandbox cannot start
         # where escalated commands run: deny it up front, before any approver is asked.
         stranded = _stranded_workdir(session, workdir) if evaluation.decision in ("escalate", "prompt") else None
@@ -141,14 +143,14 @@ class DecisionService:
             decision = Decision.escalate(execution, reason=reason, **common)
         elif evaluation.decision == "prompt":
             shown = clean_env(env or {}, evaluation.allow_env)
-            decision, approver = await self._ask(
+            decision, approver, prompt = await self._ask(
                 session, program, argv, workdir, rule_id, reason, execution, common, budget_s, on_prompt, shown,
                 facts,
             )
         else:
             decision = Decision.deny(reason or "denied by policy", **common)
         self._audit(session, program, argv, workdir, decision, approver, started, facts)
-        return Decided(decision, approver)
+        return Decided(decision, approver, prompt)
 
     async def _ask(
         self,
@@ -178,8 +180,9 @@ class DecisionService:
             env=env, facts=facts,
         )
         if outcome.approved:
-            return Decided(Decision.escalate(execution, reason=outcome.reason, **common), outcome.approver)
-        return Decided(Decision.deny(outcome.reason, **common), outcome.approver)
+            return Decided(Decision.escalate(execution, reason=outcome.reason, **common), outcome.approver,
+                           outcome.result)
+        return Decided(Decision.deny(outcome.reason, **common), outcome.approver, outcome.result)
 
     def _audit(
         self,

@@ -106,6 +106,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         help="with --json: bytes kept of each of stdout, stderr and output (default 16777216, "
                              "16 MiB); the rest is read and dropped, counted in `truncated`")
     parser.add_argument("-q", "--quiet", action="store_true", help="do not print the chosen sandbox on stderr")
+    from execgate.server import telemetry
+
+    telemetry.add_options(parser, service_name="execgate-run")
     parser.set_defaults(func=main)
 
 
@@ -284,12 +287,14 @@ def make_undumpable() -> None:
 
 
 @contextlib.asynccontextmanager
-async def policy_address(args: argparse.Namespace, sandboxed: bool = True) -> AsyncIterator[PolicyEndpoint]:
+async def policy_address(args: argparse.Namespace, sandboxed: bool = True,
+                         metrics: object = None) -> AsyncIterator[PolicyEndpoint]:
     """The policy service's endpoint: ``--policy``, or an embedded service for this run.
 
     Args:
         sandboxed: False when the shell runs without a sandbox: the embedded service then denies
             every prompt (:data:`NO_SANDBOX_PROMPTS`).
+        metrics: the embedded service's :class:`~execgate.policy_service.metrics.PolicyMetrics`.
 
     Raises:
         RunSetupError: an option that does not fit, or the embedded service cannot start.
@@ -316,7 +321,7 @@ async def policy_address(args: argparse.Namespace, sandboxed: bool = True) -> As
             args.rules, audit_log=args.audit_log, default_rules=not args.no_default_rules,
             approvals=args.approver_wait is not None,
             approver_wait_s=args.approver_wait or 0.0, approval_timeout_s=args.approval_timeout,
-            no_approver_reason=None if sandboxed else NO_SANDBOX_PROMPTS,
+            no_approver_reason=None if sandboxed else NO_SANDBOX_PROMPTS, metrics=metrics,  # type: ignore[arg-type]
         )
         service = await embedded.__aenter__()
     except (RulesError, OSError) as exc:
@@ -352,6 +357,8 @@ class _Plan:
     labels: dict[str, str]
     token: str | None
     tls: object  # grpc.ChannelCredentials or None
+    metrics_listen: tuple[str, int] | None = None
+    tracing: object = None  # execgate.server.telemetry.Tracing or None
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
@@ -389,7 +396,14 @@ def _plan(args: argparse.Namespace) -> _Plan:
         home = prepare_home(args.home, sandboxed=sandbox.mode == "bwrap", real_home=os.environ.get("HOME"))
     except HomeError as exc:
         raise RunSetupError(str(exc)) from exc
-    return _Plan(shell, wrapper, with_home(sandbox, home), extra_env, seccomp, home, workdir, labels, token, tls)
+    from execgate.server import telemetry
+
+    try:
+        metrics_listen, tracing = telemetry.options(args, service_name="execgate-run")
+    except telemetry.TelemetryError as exc:
+        raise RunSetupError(str(exc)) from exc
+    return _Plan(shell, wrapper, with_home(sandbox, home), extra_env, seccomp, home, workdir, labels, token, tls,
+                 metrics_listen, tracing)
 
 
 def policy_credentials(args: argparse.Namespace) -> list[str]:
@@ -497,14 +511,29 @@ def _cancel_on_signals() -> list[int]:
 
 
 async def _run_session(args: argparse.Namespace, plan: _Plan) -> int:
+    from execgate.server.metrics import RunTelemetry
+
+    try:
+        telemetry = await asyncio.to_thread(RunTelemetry, plan.metrics_listen, plan.tracing, embedded=not args.policy)
+    except OSError as exc:
+        raise RunSetupError(f"--metrics {args.metrics}: {exc.strerror or exc}") from exc
+    if telemetry.endpoint is not None:
+        print(f"execgate: metrics: {telemetry.endpoint.url}", file=sys.stderr, flush=True)
+    try:
+        return await _run_gated(args, plan, telemetry)
+    finally:
+        await asyncio.to_thread(telemetry.close)
+
+
+async def _run_gated(args: argparse.Namespace, plan: _Plan, telemetry) -> int:
     from execgate.server.escalate_server import DEFAULT_MAX_CAPTURE, EscalateServer
     from execgate.server.grpc_policy import GrpcPolicy
     from execgate.server.output import StdioWriter, same_file
 
     sandboxed = getattr(plan.sandbox, "mode", "none") != "none"
-    async with policy_address(args, sandboxed) as endpoint:
+    async with policy_address(args, sandboxed, telemetry.service) as endpoint:
         token = plan.token if args.policy else endpoint.token
-        policy = GrpcPolicy(endpoint.address, token=token, tls=plan.tls)  # type: ignore[arg-type]
+        policy = GrpcPolicy(endpoint.address, token=token, tls=plan.tls, metrics=telemetry.client)  # type: ignore[arg-type]
         try:
             server = EscalateServer(plan.shell, str(plan.wrapper), policy, launcher=plan.sandbox,  # type: ignore[arg-type]
                                     extra_env=plan.extra_env,  # type: ignore[arg-type]
