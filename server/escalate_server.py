@@ -16,6 +16,10 @@ parts of execgate, all optional constructor arguments:
 * the fallback socket path of each session (``EXECGATE_SOCKET_PATH``, :mod:`.session`).
 * ``seccomp_launcher`` — the seccomp backstop: every exec of the session's processes reaches the
   server, whatever made it (:mod:`execgate.server.backstop`).
+* ``containment`` — what makes every process of a session die with it
+  (:mod:`execgate.server.containment`): ``"auto"`` (default) is a cgroup per session where this
+  process may make one, else process groups only; ``"subreaper"`` must be asked for, since it
+  makes this whole process a child subreaper and kills its orphans at each session close.
 
 Note: the package ``execgate.server`` re-exports nothing, so that the per-exec wrapper can import
 :mod:`execgate.server.protocol` without loading asyncio; import from this module.
@@ -31,6 +35,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Protocol
 
+from execgate.server.containment import Containment, choose
 from execgate.server.escalation import Limits
 from execgate.server.fdpass import close_fds, wait_readable
 from execgate.server.policy import Permissions, Policy
@@ -106,6 +111,10 @@ class EscalateServer:
             to 108 bytes).
         seccomp_launcher: path of ``execgate-seccomp-launch``: each session's shell is started under
             the seccomp backstop (:mod:`execgate.server.backstop`); None: no backstop.
+        containment: a :class:`~execgate.server.containment.Containment`, or a mode for
+            :func:`~execgate.server.containment.choose` ("auto": a cgroup per session where
+            possible, else process groups only; "cgroup", "subreaper", "none"), chosen at the
+            first session.
     """
 
     def __init__(
@@ -120,6 +129,7 @@ class EscalateServer:
         limits: Limits | None = None,
         socket_dir: str | None = None,
         seccomp_launcher: str | None = None,
+        containment: Containment | str = "auto",
     ) -> None:
         self.shell = shell
         self.wrapper = os.path.abspath(wrapper)
@@ -130,6 +140,18 @@ class EscalateServer:
         self.limits = limits or Limits()
         self.socket_dir = socket_dir
         self.seccomp_launcher = seccomp_launcher
+        self._containment = containment
+
+    @property
+    def containment(self) -> Containment:
+        """The containment of this server's sessions (chosen on first use).
+
+        Raises:
+            ContainmentError: a mode asked for explicitly is unavailable here.
+        """
+        if not isinstance(self._containment, Containment):
+            self._containment = choose(self._containment, fallback="none")
+        return self._containment
 
     def start_session(self, session_id: str | None = None, labels: Mapping[str, str] | None = None) -> Session:
         """Create a session and start serving it (needs a running event loop).
@@ -138,7 +160,8 @@ class EscalateServer:
         ``env | s.env_overlay`` (passing ``s.client_fd``), then call ``s.close_client_socket()``.
 
         Raises:
-            OSError: the socketpair or the fallback socket could not be created.
+            OSError: the socketpair, the fallback socket or the session's cgroup could not be created.
+            ContainmentError: see :attr:`containment`.
         """
         return Session(
             policy=self.policy,
@@ -150,6 +173,7 @@ class EscalateServer:
             limits=self.limits,
             socket_dir=self.socket_dir,
             seccomp_launcher=self.seccomp_launcher,
+            containment=self.containment,
         )
 
     def shell_argv(self, command: str, *, login: bool, session: Session, workdir: str) -> list[str]:
@@ -189,7 +213,8 @@ class EscalateServer:
             session_id, labels: as :meth:`start_session`.
 
         Stdin of the shell is ``/dev/null``. When the shell exits, the session closes (killing any
-        escalated command still running) and its pipes are read for at most ``DRAIN_S`` more seconds.
+        escalated command still running, and with a cgroup or the subreaper every other process
+        the session started) and its pipes are read for at most ``DRAIN_S`` more seconds.
 
         Raises:
             OSError: the shell could not be spawned.
@@ -202,7 +227,8 @@ class EscalateServer:
                 shell_env = {**(os.environ if env is None else env), **session.env_overlay}
                 fds = (session.client_fd,) + ((session.backstop.client_fd,) if session.backstop else ())
                 try:
-                    shell = spawn(argv, env=shell_env, cwd=workdir, stdio=capture.write_ends(), pass_fds=fds)
+                    shell = spawn(argv, env=shell_env, cwd=workdir, stdio=capture.write_ends(), pass_fds=fds,
+                                  placement=session.placement)
                 finally:
                     capture.close_write_ends()
                     session.close_client_socket()

@@ -21,6 +21,7 @@ from typing import Any, Callable
 from execgate.server import protocol as p
 from execgate.server.fdpass import PeerClosedError, close_fds, recv_frame, send_frame
 from execgate.server.policy import Decision, Execution, Policy, PolicyError, PreparedExec, SessionContext
+from execgate.server.containment import Placement
 from execgate.server.spawn import DEFAULT_KILL_GRACE_S, ChildProcess, spawn
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ async def handle_connection(
     limits: Limits,
     on_spawn: Callable[[ChildProcess], None],
     on_run: Callable[[str, list[str]], None] | None = None,
+    placement: Placement | None = None,
 ) -> None:
     """Serve one exec on ``conn`` (non-blocking stream socket, owned and closed here).
 
@@ -88,6 +90,7 @@ async def handle_connection(
             kill its process group when the session closes.
         on_run: called with the program (absolute) and argv just before a Run answer is sent
             (the seccomp backstop lets the wrapper's exec of exactly that through undecided).
+        placement: the session's containment, for escalated commands (:mod:`.containment`).
 
     Never raises for peer errors (they are logged); propagates cancellation.
     """
@@ -102,7 +105,7 @@ async def handle_connection(
                 on_run(program, list(request.argv))
             await _send(conn, p.EscalateResponse("Run"))
         elif decision.action == "escalate":
-            await _escalate(conn, policy, program, request, decision, context, limits, on_spawn)
+            await _escalate(conn, policy, program, request, decision, context, limits, on_spawn, placement)
         else:
             await _send(conn, p.EscalateResponse("Deny", reason=decision.reason))
     except p.BoundsError as exc:  # a ProtocolError, but one the caller should read
@@ -158,6 +161,7 @@ async def _escalate(
     context: SessionContext,
     limits: Limits,
     on_spawn: Callable[[ChildProcess], None],
+    placement: Placement | None = None,
 ) -> None:
     execution = decision.execution or Execution()
     try:
@@ -175,7 +179,7 @@ async def _escalate(
         payload, fds = await recv_frame(conn, max_bytes=limits.max_frame_bytes, max_fds=limits.max_fds)
     try:
         stdio = _stdio_map(payload, fds)
-        child = _spawn_or_report(prepared, stdio)
+        child = _spawn_or_report(prepared, stdio, placement)
     finally:
         close_fds(fds)  # the server's copies: the child has its own now
     if isinstance(child, int):
@@ -201,7 +205,8 @@ def _stdio_map(payload: bytes, fds: list[int]) -> dict[int, int]:
     return dict(zip(message.fds, fds))
 
 
-def _spawn_or_report(prepared: PreparedExec, stdio: dict[int, int]) -> ChildProcess | int:
+def _spawn_or_report(prepared: PreparedExec, stdio: dict[int, int],
+                     placement: Placement | None = None) -> ChildProcess | int:
     """Spawn; on failure write one line to the caller's stderr and return 127/126 like a shell.
 
     The command, env and cwd are spawned as the exact bytes their strings stand for
@@ -214,6 +219,7 @@ def _spawn_or_report(prepared: PreparedExec, stdio: dict[int, int]) -> ChildProc
             cwd=p.wire_bytes(prepared.cwd),
             arg0=None if prepared.arg0 is None else p.wire_bytes(prepared.arg0),
             stdio=stdio,
+            placement=placement,
         )
     except (OSError, ValueError, p.ProtocolError) as exc:  # ValueError: NUL byte or "=" in a name
         log.warning("escalated spawn of %r failed: %s", prepared.command[0], exc)

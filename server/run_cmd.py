@@ -79,6 +79,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--seccomp", choices=("auto", "on", "off"), default="auto",
                         help="seccomp backstop: every exec of the session reaches the gate, whatever made it "
                              "(static and Go programs, raw system calls); auto: on where the kernel allows it (default)")
+    parser.add_argument("--containment", choices=("auto", "cgroup", "subreaper"), default="auto",
+                        help="how every process of the session dies with it: a cgroup v2 killed with cgroup.kill, "
+                             "or this process as child subreaper killing the orphans; auto: cgroup where it works "
+                             "here (default)")
     parser.add_argument("--timeout", metavar="SECONDS", type=_seconds, default=None,
                         help="kill the script and everything it started after SECONDS (status 124)")
     parser.add_argument("--cwd", metavar="DIR", default=None, help="working directory (default: the current one)")
@@ -92,7 +96,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--approval-timeout", metavar="SECONDS", type=_seconds, default=60.0,
                         help="seconds a prompt of the embedded service waits for an answer (default 60)")
     parser.add_argument("--json", action="store_true", help="print the result (exit_code, stdout, stderr, output, duration, timed_out) as JSON instead of streaming")
-    parser.add_argument("-q", "--quiet", action="store_true", help="do not print the chosen sandbox on stderr")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="do not print the chosen sandbox, rules, seccomp backstop and containment on stderr")
     parser.set_defaults(func=main)
 
 
@@ -324,6 +329,7 @@ class _Plan:
     sandbox: object  # execgate.server.sandbox.ShellSandbox
     extra_env: object
     seccomp: tuple[str | None, str]  # (launcher path or None, note)
+    containment: object  # execgate.server.containment.Containment
     workdir: str
     labels: dict[str, str]
     token: str | None
@@ -357,7 +363,23 @@ def _plan(args: argparse.Namespace) -> _Plan:
                                  hidden=policy_credentials(args))
     except SandboxError as exc:
         raise RunSetupError(f"--sandbox bwrap: {exc}") from exc
-    return _Plan(shell, wrapper, sandbox, extra_env, seccomp, workdir, labels, token, tls_credentials(args))
+    return _Plan(shell, wrapper, sandbox, extra_env, seccomp, choose_containment(args.containment), workdir,
+                 labels, token, tls_credentials(args))
+
+
+def choose_containment(mode: str) -> object:
+    """Resolve ``--containment``: a cgroup per session where it works, else this process as child
+    subreaper (docs/DESIGN.md §3; :mod:`execgate.server.containment`).
+
+    Raises:
+        RunSetupError: the mode asked for is unavailable here (the reason).
+    """
+    from execgate.server.containment import ContainmentError, choose
+
+    try:
+        return choose(mode, fallback="subreaper")
+    except ContainmentError as exc:
+        raise RunSetupError(f"--containment {mode}: {exc}") from exc
 
 
 def policy_credentials(args: argparse.Namespace) -> list[str]:
@@ -425,6 +447,7 @@ async def run(args: argparse.Namespace) -> int:
         print(f"execgate: {plan.sandbox.note}", file=sys.stderr, flush=True)  # type: ignore[attr-defined]
         print(f"execgate: {rules}", file=sys.stderr, flush=True)
         print(f"execgate: {plan.seccomp[1]}", file=sys.stderr, flush=True)
+        print(f"execgate: {plan.containment.note}", file=sys.stderr, flush=True)  # type: ignore[attr-defined]
     received = _cancel_on_signals()
     try:
         return await _run_session(args, plan)
@@ -466,7 +489,8 @@ async def _run_session(args: argparse.Namespace, plan: _Plan) -> int:
         try:
             server = EscalateServer(plan.shell, str(plan.wrapper), policy, launcher=plan.sandbox,  # type: ignore[arg-type]
                                     extra_env=plan.extra_env,  # type: ignore[arg-type]
-                                    seccomp_launcher=plan.seccomp[0])
+                                    seccomp_launcher=plan.seccomp[0],
+                                    containment=plan.containment)  # type: ignore[arg-type]
             result = await server.exec(
                 script_text(args.script), plan.workdir, timeout_s=args.timeout, login=args.login,
                 on_output=None if args.json else _stream, labels=plan.labels,
