@@ -1,37 +1,33 @@
 """Containment: nothing a session starts outlives it (docs/DESIGN.md §3, §8).
 
-Process groups are not enough: ``setsid`` (or ``setpgid``) takes a daemon out of its group, and a
-killed parent's children are reparented away from us. Every process the server spawns for a session
-(the shell, or its bwrap, and each escalated command) is started by ``execgate-contain``
-(``wrapper/native/contain_exec.c``), which joins the session's containment *before* it runs the
-program, so that nothing the program forks can be born outside it. One mechanism is chosen per
-process (:func:`choose`):
+Process groups are not enough: ``setsid`` takes a daemon out of its group, and a dead parent's
+children are reparented away from us. Every process the server spawns for a session (the shell or
+its bwrap, each escalated command) is started by ``execgate-contain``
+(``wrapper/native/contain_exec.c``), which joins the session's containment *before* the program
+runs: nothing the program forks is born outside it. One mechanism per process (:func:`choose`):
 
-* ``cgroup`` — where a cgroup v2 hierarchy is mounted, this process may create a child of its own
-  cgroup and move a process into it, and ``cgroup.kill`` exists (Linux ≥ 5.14). This process gets a
-  cgroup ``execgate-<pid>`` below its own and each session a child ``s<N>`` of that; the helper
-  writes ``0`` to the session's ``cgroup.procs`` (moves itself). Closing the session writes ``1``
-  to ``cgroup.kill`` — SIGKILL to every process in it, daemons and their forks included — waits
-  for ``cgroup.events`` to say ``populated 0`` and removes the directory (cgroups(7); the kernel's
-  Documentation/admin-guide/cgroup-v2.rst, "cgroup.kill", "cgroup.events"). A **supervisor** (a
-  detached ``/bin/sh``) holds the read end of a pipe whose only write end is in this process:
-  when this process dies, even by SIGKILL, it reads EOF, kills ``execgate-<pid>`` whole and removes
-  it. Scoped per session: the host program's own processes are never touched.
-* ``subreaper`` — no usable cgroup: this process becomes a child subreaper
-  (``prctl(PR_SET_CHILD_SUBREAPER)``, prctl(2)), so orphans (a ``setsid`` daemon whose parent
-  exited) are reparented to it instead of to init; closing a session SIGKILLs every child of this
-  process that no open session is running (found by walking ``/proc/*/stat``) with all their
-  descendants, until none is left, and reaps them. Processes spawned get
-  ``PR_SET_PDEATHSIG`` = SIGKILL. Process-wide, so it is the CLI's fallback and an explicit choice
-  in the Python API (it would kill the host program's own children).
-* ``none`` — process groups only (the API's fallback where there is no cgroup).
+* ``cgroup`` — a cgroup v2 hierarchy where this process may create a child of its own cgroup and
+  move a process into it, with ``cgroup.kill`` (Linux ≥ 5.14). The process gets
+  ``execgate-<pid>-<hex>`` below its own cgroup, each session a child ``s<N>``, which the helper
+  joins by writing ``0`` to its ``cgroup.procs``. Closing the session writes ``1`` to
+  ``cgroup.kill`` (SIGKILL to every process in it), waits for ``populated 0`` in ``cgroup.events``
+  and removes it (cgroups(7); the kernel's Documentation/admin-guide/cgroup-v2.rst). A detached
+  ``/bin/sh`` **supervisor** reads a pipe whose only write end is in this process: when this
+  process dies, SIGKILL included, it reads EOF, kills ``execgate-<pid>-<hex>`` whole and removes
+  it. Per session: the host program's own processes are never touched.
+* ``subreaper`` — ``prctl(PR_SET_CHILD_SUBREAPER)`` (prctl(2)): orphans are reparented to this
+  process instead of init; closing a session SIGKILLs every child of this process that no open
+  session is running (a walk of ``/proc/*/stat``), with their descendants, and reaps them.
+  Spawned processes get ``PR_SET_PDEATHSIG`` SIGKILL, sent when the *thread* that spawned them
+  exits (spawns come from the event loop's thread). Process-wide: the CLI's fallback, an
+  explicit choice in the Python API (it would kill the host program's own children).
+* ``none`` — process groups only (the API's fallback).
 
-What survives a SIGKILL of ``execgate run``: with ``cgroup``, nothing that stayed in the cgroup
-(a root process outside any sandbox can move itself out; it has the user's power anyway). With
-``subreaper``, pdeathsig covers direct children only: the shell (or its bwrap, whose
-``--die-with-parent`` and pid namespace take every process inside along) and the escalated
-commands die; a daemon that an unsandboxed shell or an unsandboxed escalated command started is
-reparented to init and survives. No later run can tell, so this is said when the mode is chosen.
+After a SIGKILL of this process: with ``cgroup`` nothing that stayed in the cgroup survives (a
+root process outside any sandbox can move itself out). With ``subreaper`` the parent-death signal
+reaches direct children only: the shell (or its bwrap, whose pid namespace takes everything inside
+along) and running escalated commands die; what an unsandboxed shell or escalated command started
+is reparented to init and survives. No later run can tell, so the mode's note says it.
 """
 
 from __future__ import annotations
@@ -46,6 +42,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -107,11 +104,7 @@ class Scope:
     placement: Placement | None = None
 
     async def close(self, exclude: Iterable[int] = ()) -> None:
-        """Kill whatever of the session is left and release the scope. Idempotent.
-
-        Args:
-            exclude: pids of processes still running for other sessions (subreaper only).
-        """
+        """Kill what is left of the session; ``exclude``: pids other sessions run. Idempotent."""
 
 
 class _CgroupScope(Scope):
@@ -185,7 +178,7 @@ NONE = Containment("none", "containment: process groups only (escalated commands
 
 _COUNTER = itertools.count(1)
 _LOCK = threading.Lock()
-_PROCESS_CGROUP: dict[int, str] = {}  # pid → this process's execgate-<pid> cgroup
+_PROCESS_CGROUP: dict[int, str] = {}  # pid → this process's execgate-<pid>-<hex> cgroup
 _SUPERVISOR_PIPE: list[int] = []  # write end; never closed: its EOF tells the supervisor we died
 
 
@@ -218,7 +211,7 @@ def choose(mode: str = "auto", *, fallback: str = "none") -> Containment:
         raise ContainmentError(f"subreaper: {why}")
     set_child_subreaper()
     return Containment("subreaper", f"containment: subreaper (no cgroup: {why}); orphans are killed at session "
-                       "end; if execgate run itself is SIGKILLed, only its direct children and a bwrap "
+                       "end; if this process itself is SIGKILLed, only its direct children and a bwrap "
                        "sandbox's processes die with it: daemons of unsandboxed commands survive", helper)
 
 
@@ -280,7 +273,7 @@ def _unescape(field: str) -> str:
 
 
 def _process_cgroup(helper: str) -> tuple[str | None, str]:
-    """This process's ``execgate-<pid>`` cgroup (made and probed once, with its supervisor), or
+    """This process's ``execgate-<pid>-<hex>`` cgroup (made and probed once, with its supervisor), or
     None and why not."""
     with _LOCK:
         pid = os.getpid()
@@ -289,7 +282,7 @@ def _process_cgroup(helper: str) -> tuple[str | None, str]:
         base = own_cgroup_dir()
         if base is None:
             return None, "no cgroup v2 hierarchy holds this process"
-        path = os.path.join(base, f"execgate-{pid}")
+        path = os.path.join(base, f"execgate-{pid}-{uuid.uuid4().hex[:8]}")  # pids recur across runs
         try:
             os.mkdir(path)
         except OSError as exc:
