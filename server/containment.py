@@ -62,7 +62,7 @@ exec 3<&0
   echo 1 > "$1/cgroup.kill"
   n=0
   while [ -d "$1" ] && [ "$n" -lt 300 ]; do
-    for d in "$1"/*/; do [ -d "$d" ] && rmdir "$d"; done
+    find "$1" -depth -mindepth 1 -type d -exec rmdir {} +
     rmdir "$1" || { sleep 0.1; n=$((n + 1)); }
   done
 ) </dev/null >/dev/null 2>&1 &
@@ -125,15 +125,18 @@ class _CgroupScope(Scope):
         deadline = time.monotonic() + KILL_WAIT_S
         while _populated(self.path) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        try:
+        try:  # bottom up: a nested execgate run (as root, unsandboxed) made cgroups inside
+            for parent, dirs, _ in os.walk(self.path, topdown=False):
+                for name in dirs:
+                    os.rmdir(os.path.join(parent, name))
             os.rmdir(self.path)
         except OSError as exc:  # still populated: a process in uninterruptible sleep
             log.warning("cgroup %s not removed: %s", self.path, exc)
 
 
 class _SweepScope(Scope):
-    def __init__(self, helper: str) -> None:
-        self.placement = Placement(helper, pdeathsig=True)
+    def __init__(self, helper: str | None) -> None:
+        self.placement = None if helper is None else Placement(helper, pdeathsig=True)
 
     async def close(self, exclude: Iterable[int] = ()) -> None:
         killed = await sweep_orphans(set(exclude))
@@ -167,7 +170,6 @@ class Containment:
             os.mkdir(path)
             return _CgroupScope(path, self.helper)
         if self.mode == "subreaper":
-            assert self.helper is not None
             return _SweepScope(self.helper)
         return Scope()
 
@@ -188,8 +190,8 @@ def choose(mode: str = "auto", *, fallback: str = "none") -> Containment:
     ``subreaper`` (chosen or fallen back to) makes this process a child subreaper at once.
 
     Raises:
-        ContainmentError: ``cgroup`` or ``subreaper`` asked for and unavailable (the reason), or an
-            unknown mode.
+        ContainmentError: ``cgroup`` asked for and unavailable (the reason), the subreaper's prctl
+            failed, or an unknown mode.
     """
     if mode not in MODES or fallback not in ("subreaper", "none"):
         raise ContainmentError(f"unknown containment {mode!r} (fallback {fallback!r})")
@@ -207,9 +209,11 @@ def choose(mode: str = "auto", *, fallback: str = "none") -> Containment:
         mode = fallback
         if mode == "none":
             return Containment("none", f"{NONE.note}; no cgroup: {why}")
-    if helper is None:
-        raise ContainmentError(f"subreaper: {why}")
     set_child_subreaper()
+    if helper is None:  # orphans are still found and killed; nothing dies with this process
+        return Containment("subreaper", f"containment: subreaper, no parent-death signal ({why}); orphans are "
+                           "killed at session end; if this process is SIGKILLed, only a bwrap sandbox's "
+                           "processes die with it: daemons of unsandboxed commands survive")
     return Containment("subreaper", f"containment: subreaper (no cgroup: {why}); orphans are killed at session "
                        "end; if this process itself is SIGKILLed, only its direct children and a bwrap "
                        "sandbox's processes die with it: daemons of unsandboxed commands survive", helper)

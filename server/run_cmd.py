@@ -1,7 +1,8 @@
 """``execgate run``: run a script under a shell in a new session, every exec gated (docs/DESIGN.md §3, §7).
 
 The pieces, in order: choose the wrapper (native or Python) and the interception (preload shim or
-an ``EXEC_WRAPPER``-honouring shell); choose the sandbox (bubblewrap or none); reach a policy
+an ``EXEC_WRAPPER``-honouring shell); choose the sandbox (bubblewrap or none) and the containment
+(a cgroup per session, else this process as child subreaper: :mod:`.containment`); reach a policy
 service — a running one (``--policy``) or an embedded one on a private Unix socket, through the
 same gRPC path; then :meth:`EscalateServer.exec` with the output streamed live (or captured and
 printed as JSON with ``--json``). ``execgate run`` exits with the script's status.

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -157,11 +159,9 @@ def test_sigkill_of_execgate_run(attacker, token, sandbox):
 
 
 @pytest.fixture
-def helper_rules(tmp_path_factory):
+def helper_rules():
     """A root-owned directory (outside every session root) with ``spawner``, a helper that forks a
     ``setsid`` daemon and exits, and rules escalating it unsandboxed."""
-    import tempfile
-
     base = Path(tempfile.mkdtemp(prefix="eg-out-", dir="/var/tmp"))
     base.chmod(0o755)
     helper = base / "spawner"
@@ -178,8 +178,6 @@ def helper_rules(tmp_path_factory):
     try:
         yield helper, rules
     finally:
-        import shutil
-
         shutil.rmtree(base, ignore_errors=True)
 
 

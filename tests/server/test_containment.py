@@ -14,7 +14,7 @@ import os
 import random
 import signal
 import subprocess
-import time
+import sys
 from pathlib import Path
 
 import pytest
@@ -139,6 +139,29 @@ async def _shell(session, script: str, env) -> int:
     return await shell.wait()
 
 
+async def test_cgroup_close_kills_and_removes_nested_cgroups(short_tmp):
+    """A nested execgate run (root, no sandbox) makes cgroups inside the session's: killed and
+    removed with it."""
+    containment = _cgroup_or_skip()
+    if isinstance(containment, str):
+        pytest.fail("no containment module")
+    from execgate.server.spawn import spawn
+
+    token = _token()
+    scope = containment.open_scope()
+    nested = Path(scope.path) / "execgate-nested" / "s1"
+    nested.mkdir(parents=True)
+    try:
+        child = spawn(["/bin/sleep", token], env={}, cwd="/", placement=dataclasses.replace(
+            scope.placement, cgroup_procs=str(nested / "cgroup.procs")))
+        assert _alive(token) == [child.pid]
+        await scope.close()
+        assert await child.wait() == 128 + signal.SIGKILL
+        assert not Path(scope.path).exists()
+    finally:
+        _kill(token)
+
+
 # ------------------------------------------------------------------ spawn through the helper
 
 
@@ -197,7 +220,5 @@ killed = asyncio.run(sweep_orphans({{keep.pid}}))
 print(orphan in killed, keep.poll() is None, os.path.exists(f"/proc/{{orphan}}"))
 keep.kill(); keep.wait()
 """
-    import sys
-
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
     assert done.stdout.split() == ["True", "True", "False"], done.stdout + done.stderr
