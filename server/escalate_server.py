@@ -17,6 +17,10 @@ parts of execgate, all optional constructor arguments:
 * the fallback socket path of each session (``EXECGATE_SOCKET_PATH``, :mod:`.session`).
 * ``seccomp_launcher`` — the seccomp backstop: every exec of the session's processes reaches the
   server, whatever made it (:mod:`execgate.server.backstop`).
+* ``containment`` — what makes every process of a session die with it
+  (:mod:`execgate.server.containment`): ``"auto"`` (default) is a cgroup per session where this
+  process may make one, else process groups only; ``"subreaper"`` must be asked for, since it
+  makes this whole process a child subreaper and kills its orphans at each session close.
 
 Note: the package ``execgate.server`` re-exports nothing, so that the per-exec wrapper can import
 :mod:`execgate.server.protocol` without loading asyncio; import from this module.
@@ -32,6 +36,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Protocol
 
+from execgate.server.containment import Containment, choose
 from execgate.server.escalation import Limits
 from execgate.server.output import DEFAULT_MAX_CAPTURE, OutputCallback, OutputPipes
 from execgate.server.policy import Permissions, Policy
@@ -115,6 +120,10 @@ class EscalateServer:
         on_note: called with each line for the user that a session has (once per session): why
             a program a rule would escalate stays in the sandbox, which rule sandboxed an
             escalation that failed. Default: a WARNING log line.
+        containment: a :class:`~execgate.server.containment.Containment`, or a mode for
+            :func:`~execgate.server.containment.choose` ("auto": a cgroup per session where
+            possible, else process groups only; "cgroup", "subreaper", "none"), chosen at the
+            first session.
     """
 
     def __init__(
@@ -130,6 +139,7 @@ class EscalateServer:
         socket_dir: str | None = None,
         seccomp_launcher: str | None = None,
         on_note: Callable[[str], None] | None = None,
+        containment: Containment | str = "auto",
     ) -> None:
         self.shell = shell
         self.wrapper = os.path.abspath(wrapper)
@@ -141,6 +151,18 @@ class EscalateServer:
         self.socket_dir = socket_dir
         self.seccomp_launcher = seccomp_launcher
         self.on_note = on_note
+        self._containment = containment
+
+    @property
+    def containment(self) -> Containment:
+        """The containment of this server's sessions (chosen on first use).
+
+        Raises:
+            ContainmentError: a mode asked for explicitly is unavailable here.
+        """
+        if not isinstance(self._containment, Containment):
+            self._containment = choose(self._containment, fallback="none")
+        return self._containment
 
     def start_session(self, session_id: str | None = None, labels: Mapping[str, str] | None = None) -> Session:
         """Create a session and start serving it (needs a running event loop).
@@ -149,7 +171,8 @@ class EscalateServer:
         ``env | s.env_overlay`` (passing ``s.client_fd``), then call ``s.close_client_socket()``.
 
         Raises:
-            OSError: the socketpair or the fallback socket could not be created.
+            OSError: the socketpair, the fallback socket or the session's cgroup could not be created.
+            ContainmentError: see :attr:`containment`.
         """
         return Session(
             policy=self.policy,
@@ -162,6 +185,7 @@ class EscalateServer:
             socket_dir=self.socket_dir,
             seccomp_launcher=self.seccomp_launcher,
             on_note=self.on_note,
+            containment=self.containment,
         )
 
     def shell_argv(self, command: str, *, login: bool, session: Session, workdir: str) -> list[str]:
@@ -211,7 +235,8 @@ class EscalateServer:
                 is empty (with two pipes the order between them is only the order of reading).
 
         Stdin of the shell is ``/dev/null``. When the shell exits, the session closes (killing any
-        escalated command still running) and its pipes are read for at most ``DRAIN_S`` more seconds.
+        escalated command still running, and with a cgroup or the subreaper every other process
+        the session started) and its pipes are read for at most ``DRAIN_S`` more seconds.
 
         Raises:
             ValueError: ``max_capture`` is negative.
@@ -225,7 +250,8 @@ class EscalateServer:
                 shell_env = {**(os.environ if env is None else env), **session.env_overlay}
                 fds = (session.client_fd,) + ((session.backstop.client_fd,) if session.backstop else ())
                 try:
-                    shell = spawn(argv, env=shell_env, cwd=workdir, stdio=capture.write_ends(), pass_fds=fds)
+                    shell = spawn(argv, env=shell_env, cwd=workdir, stdio=capture.write_ends(), pass_fds=fds,
+                                  placement=session.placement)
                 finally:
                     capture.close_write_ends()
                     session.close_client_socket()

@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable
 from execgate.server import protocol as p
 from execgate.server.fdpass import PeerClosedError, close_fds, recv_frame, send_frame
 from execgate.server.policy import Decision, ExecFacts, Execution, Policy, PolicyError, PreparedExec, SessionContext
+from execgate.server.containment import Placement
 from execgate.server.spawn import DEFAULT_KILL_GRACE_S, ChildProcess, spawn
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ async def handle_connection(
     on_run: Callable[[str, list[str]], None] | None = None,
     learn: Callable[[str], Awaitable[ExecFacts]] | None = None,
     on_note: Callable[[str], None] | None = None,
+    placement: Placement | None = None,
 ) -> None:
     """Serve one exec on ``conn`` (non-blocking stream socket, owned and closed here).
 
@@ -95,6 +97,7 @@ async def handle_connection(
         on_note: called with a line for the user: a Run decision's ``note`` (why a program a rule
             would escalate stays in the sandbox), and, when a sandboxed escalation fails, which
             rule sandboxed it and how (:func:`failure_note`).
+        placement: the session's containment, for escalated commands (:mod:`.containment`).
 
     Never raises for peer errors (they are logged); propagates cancellation.
     """
@@ -112,7 +115,8 @@ async def handle_connection(
                 on_note(decision.note)
             await _send(conn, p.EscalateResponse("Run"))
         elif decision.action == "escalate":
-            status = await _escalate(conn, policy, program, request, decision, context, limits, on_spawn, facts)
+            status = await _escalate(conn, policy, program, request, decision, context, limits, on_spawn, facts,
+                                     placement)
             if status and on_note is not None and (note := failure_note(program, decision, status)):
                 on_note(note)
         else:
@@ -174,6 +178,7 @@ async def _escalate(
     limits: Limits,
     on_spawn: Callable[[ChildProcess], None],
     facts: ExecFacts | None = None,
+    placement: Placement | None = None,
 ) -> int | None:
     """Prepare, spawn and supervise an escalated command; its status, or None if none was
     spawned or nobody is left to tell."""
@@ -194,7 +199,7 @@ async def _escalate(
         payload, fds = await recv_frame(conn, max_bytes=limits.max_frame_bytes, max_fds=limits.max_fds)
     try:
         stdio = _stdio_map(payload, fds)
-        child = _spawn_or_report(prepared, stdio)
+        child = _spawn_or_report(prepared, stdio, placement)
     finally:
         close_fds(fds)  # the server's copies: the child has its own now
     if isinstance(child, int):
@@ -237,7 +242,8 @@ def _stdio_map(payload: bytes, fds: list[int]) -> dict[int, int]:
     return dict(zip(message.fds, fds))
 
 
-def _spawn_or_report(prepared: PreparedExec, stdio: dict[int, int]) -> ChildProcess | int:
+def _spawn_or_report(prepared: PreparedExec, stdio: dict[int, int],
+                     placement: Placement | None = None) -> ChildProcess | int:
     """Spawn; on failure write one line to the caller's stderr and return 127/126 like a shell.
 
     The command, env and cwd are spawned as the exact bytes their strings stand for
@@ -250,6 +256,7 @@ def _spawn_or_report(prepared: PreparedExec, stdio: dict[int, int]) -> ChildProc
             cwd=p.wire_bytes(prepared.cwd),
             arg0=None if prepared.arg0 is None else p.wire_bytes(prepared.arg0),
             stdio=stdio,
+            placement=placement,
         )
     except (OSError, ValueError, p.ProtocolError) as exc:  # ValueError: NUL byte or "=" in a name
         log.warning("escalated spawn of %r failed: %s", prepared.command[0], exc)

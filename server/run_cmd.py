@@ -1,7 +1,8 @@
 """``execgate run``: run a script under a shell in a new session, every exec gated (docs/DESIGN.md §3, §7).
 
 The pieces, in order: choose the wrapper (native or Python) and the interception (preload shim or
-an ``EXEC_WRAPPER``-honouring shell); choose the sandbox (bubblewrap or none); reach a policy
+an ``EXEC_WRAPPER``-honouring shell); choose the sandbox (bubblewrap or none) and the containment
+(a cgroup per session, else this process as child subreaper: :mod:`.containment`); reach a policy
 service — a running one (``--policy``) or an embedded one on a private Unix socket, through the
 same gRPC path; then :meth:`EscalateServer.exec` with the output streamed live through a
 back-pressured writer that holds none of it (or, with ``--json``, captured up to ``--max-capture``
@@ -87,6 +88,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--seccomp", choices=("auto", "on", "off"), default="auto",
                         help="seccomp backstop: every exec of the session reaches the gate, whatever made it "
                              "(static and Go programs, raw system calls); auto: on where the kernel allows it (default)")
+    parser.add_argument("--containment", choices=("auto", "cgroup", "subreaper"), default="auto",
+                        help="how every process of the session dies with it: a cgroup v2 killed with cgroup.kill, "
+                             "or this process as child subreaper killing the orphans; auto: cgroup where it works "
+                             "here (default)")
     parser.add_argument("--timeout", metavar="SECONDS", type=_seconds, default=None,
                         help="kill the script and everything it started after SECONDS (status 124)")
     parser.add_argument("--cwd", metavar="DIR", default=None, help="working directory (default: the current one)")
@@ -105,7 +110,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--max-capture", metavar="BYTES", type=_byte_count, default=None,
                         help="with --json: bytes kept of each of stdout, stderr and output (default 16777216, "
                              "16 MiB); the rest is read and dropped, counted in `truncated`")
-    parser.add_argument("-q", "--quiet", action="store_true", help="do not print the chosen sandbox on stderr")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="do not print the chosen sandbox, HOME, rules, seccomp backstop and containment on stderr")
     from execgate.server import telemetry
 
     telemetry.add_options(parser, service_name="execgate-run")
@@ -353,6 +359,7 @@ class _Plan:
     extra_env: object
     seccomp: tuple[str | None, str]  # (launcher path or None, note)
     home: object  # execgate.server.home.SessionHome
+    containment: object  # execgate.server.containment.Containment
     workdir: str
     labels: dict[str, str]
     token: str | None
@@ -402,8 +409,23 @@ def _plan(args: argparse.Namespace) -> _Plan:
         metrics_listen, tracing = telemetry.options(args, service_name="execgate-run")
     except telemetry.TelemetryError as exc:
         raise RunSetupError(str(exc)) from exc
-    return _Plan(shell, wrapper, with_home(sandbox, home), extra_env, seccomp, home, workdir, labels, token, tls,
-                 metrics_listen, tracing)
+    return _Plan(shell, wrapper, with_home(sandbox, home), extra_env, seccomp, home, choose_containment(args.containment),
+                 workdir, labels, token, tls, metrics_listen, tracing)
+
+
+def choose_containment(mode: str) -> object:
+    """Resolve ``--containment``: a cgroup per session where it works, else this process as child
+    subreaper (docs/DESIGN.md §3; :mod:`execgate.server.containment`).
+
+    Raises:
+        RunSetupError: the mode asked for is unavailable here (the reason).
+    """
+    from execgate.server.containment import ContainmentError, choose
+
+    try:
+        return choose(mode, fallback="subreaper")
+    except ContainmentError as exc:
+        raise RunSetupError(f"--containment {mode}: {exc}") from exc
 
 
 def policy_credentials(args: argparse.Namespace) -> list[str]:
@@ -480,6 +502,7 @@ async def _run_planned(args: argparse.Namespace, plan: _Plan) -> int:
         print(f"execgate: {plan.home.note}", file=sys.stderr, flush=True)  # type: ignore[attr-defined]
         print(f"execgate: {rules}", file=sys.stderr, flush=True)
         print(f"execgate: {plan.seccomp[1]}", file=sys.stderr, flush=True)
+        print(f"execgate: {plan.containment.note}", file=sys.stderr, flush=True)  # type: ignore[attr-defined]
     received = _cancel_on_signals()
     try:
         return await _run_session(args, plan)
@@ -537,7 +560,8 @@ async def _run_gated(args: argparse.Namespace, plan: _Plan, telemetry) -> int:
         try:
             server = EscalateServer(plan.shell, str(plan.wrapper), policy, launcher=plan.sandbox,  # type: ignore[arg-type]
                                     extra_env=plan.extra_env,  # type: ignore[arg-type]
-                                    seccomp_launcher=plan.seccomp[0], on_note=_note)
+                                    seccomp_launcher=plan.seccomp[0], on_note=_note,
+                                    containment=plan.containment)  # type: ignore[arg-type]
             # Streaming holds nothing (max_capture 0): chunks go straight to our stdout/stderr,
             # through one pipe when those are one terminal or file (`2>&1`), to keep their order.
             cap = (DEFAULT_MAX_CAPTURE if args.max_capture is None else args.max_capture) if args.json else 0

@@ -25,6 +25,11 @@ A session owns:
 * every escalated process group it started: closing the session (``async with`` exit,
   :meth:`Session.close`, or cancellation of the owner) SIGTERMs them, SIGKILLs them after the grace
   period and reaps the leaders.
+* its containment scope (:mod:`.containment`, :attr:`Session.scope`): with a cgroup, every process
+  spawned for the session (escalated commands, and a shell spawned with
+  :attr:`Session.placement`) starts in the session's cgroup, and closing the session kills what is
+  left there — daemons that left their process group included — then removes the cgroup; with the
+  subreaper, closing kills every orphan reparented to this process.
 
 Caveat: a group whose leader has exited but whose members still run stays tracked until the session
 closes; its id is signalled then even if, in between, the last member died and the kernel reused the
@@ -49,7 +54,8 @@ from execgate.server.escalation import Limits, handle_connection
 from execgate.server.exec_facts import Coverage, learn
 from execgate.server.fdpass import close_fds, encode_frame, recv_datagram, wait_readable
 from execgate.server.policy import Permissions, Policy, SessionContext
-from execgate.server.spawn import ChildProcess, signal_group
+from execgate.server.containment import NONE, Containment, Placement, Scope
+from execgate.server.spawn import ChildProcess, running_pids, signal_group
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +96,7 @@ class Session:
         socket_dir: str | None = None,
         seccomp_launcher: str | None = None,
         on_note: Callable[[str], None] | None = None,
+        containment: Containment | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()  # RuntimeError before any resource exists
         self.policy = policy
@@ -111,6 +118,9 @@ class Session:
         # writable root of the sandbox (and /tmp is short, for AF_UNIX's 108-byte paths).
         self._dir = tempfile.mkdtemp(prefix="execgate-", dir=socket_dir or DEFAULT_SOCKET_PARENT)  # mode 0700
         try:
+            #: This session's share of the containment (:mod:`.containment`); an empty cgroup is
+            #: left to the process's supervisor should what follows fail.
+            self.scope: Scope = (containment or NONE).open_scope()
             self.socket_path = os.path.join(self._dir, "s")
             self._listener = _listen(self.socket_path)
             self._server_sock, client = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -151,6 +161,11 @@ class Session:
         return self._dir
 
     @property
+    def placement(self) -> Placement | None:
+        """Pass to :func:`~execgate.server.spawn.spawn` for a process of this session (its shell)."""
+        return self.scope.placement
+
+    @property
     def children(self) -> frozenset[ChildProcess]:
         """Escalated processes started and still tracked (see the module caveat)."""
         return frozenset(self._children)
@@ -169,7 +184,8 @@ class Session:
 
     async def close(self) -> None:
         """Stop serving, kill every escalated process group (TERM, then KILL after
-        ``limits.kill_grace_s``), reap their leaders and remove the fallback socket. Idempotent.
+        ``limits.kill_grace_s``), reap their leaders, kill what is left in the session's
+        containment (:mod:`.containment`) and remove the fallback socket. Idempotent.
 
         Children are killed before their connections are dropped, so that each wrapper still gets
         its child's status (e.g. 143) rather than a broken stream.
@@ -186,6 +202,7 @@ class Session:
         shutil.rmtree(self._dir, ignore_errors=True)
         await _cancel(self._conns - self._supervising)
         await self._kill_children()
+        await self.scope.close(exclude=running_pids())
         # Let each supervising connection send its child's status; cancel stragglers.
         if self._supervising:
             await asyncio.wait(self._supervising, timeout=1.0)
@@ -288,7 +305,8 @@ class Session:
 
         try:
             await handle_connection(conn, policy=self.policy, context=self.context, limits=self.limits,
-                                    on_spawn=on_spawn, on_run=on_run, learn=learn_facts, on_note=self._note)
+                                    on_spawn=on_spawn, on_run=on_run, learn=learn_facts, on_note=self._note,
+                                    placement=self.scope.placement)
         finally:
             release()
 

@@ -8,20 +8,28 @@ needs no ``preexec_fn``; and waiting on a pidfd (pidfd_open(2), Linux ≥ 5.3) w
 Where pidfds are unavailable the wait falls back to a worker thread.
 
 Every process starts in a new session (``setsid``), so it leads its own process group and a
-signal to the group reaches everything it started that did not leave the group.
+signal to the group reaches everything it started that did not leave the group. Given a
+:class:`~execgate.server.containment.Placement`, it is started through ``execgate-contain``, which
+joins the session's cgroup (or sets a parent-death signal) before the program runs, so that what
+leaves the group is still reached (:mod:`execgate.server.containment`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import signal
 import subprocess
+import weakref
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from execgate.server.fdpass import wait_readable
+
+if TYPE_CHECKING:
+    from execgate.server.containment import Placement
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +109,15 @@ class ChildProcess:
         return await self.wait()
 
 
+#: Every process :func:`spawn` started, while it is referenced (:func:`running_pids`).
+_SPAWNED: "weakref.WeakSet[ChildProcess]" = weakref.WeakSet()
+
+
+def running_pids() -> set[int]:
+    """Pids of the processes :func:`spawn` started that are not reaped yet (any session's)."""
+    return {c.pid for c in list(_SPAWNED) if c.popen.returncode is None}
+
+
 def spawn(
     command: Sequence[str] | Sequence[bytes],
     *,
@@ -109,6 +126,7 @@ def spawn(
     arg0: str | bytes | None = None,
     stdio: Mapping[int, int] | None = None,
     pass_fds: Sequence[int] = (),
+    placement: Placement | None = None,
 ) -> ChildProcess:
     """Start ``command`` in a new session with exactly ``env`` and ``cwd``.
 
@@ -122,11 +140,13 @@ def spawn(
         stdio: destination (0, 1 or 2) → source fd; missing destinations get ``/dev/null``.
             Sources may themselves be numbered 0–2. Still owned by the caller afterwards.
         pass_fds: extra fds inherited under the same number (e.g. the session's client socket).
+        placement: the session's containment (started through ``execgate-contain``); None: none.
 
     Raises:
         ValueError: empty command, a relative ``command[0]``, a destination other than 0, 1, 2,
             a NUL byte in a string or ``=`` in an env name.
-        OSError: the exec failed (e.g. ``FileNotFoundError``, ``PermissionError``).
+        OSError: the exec failed (e.g. ``FileNotFoundError``, ``PermissionError``), or the process
+            could not join its containment (the message names it).
     """
     if not command:
         raise ValueError("empty command")
@@ -135,17 +155,54 @@ def spawn(
     stdio = dict(stdio or {})
     if set(stdio) - {0, 1, 2}:
         raise ValueError(f"only fds 0, 1, 2 can be set, got {sorted(stdio)}")
-    popen = subprocess.Popen(
-        [arg0 if arg0 is not None else command[0], *command[1:]],
-        executable=command[0],
-        stdin=stdio.get(0, subprocess.DEVNULL),
-        stdout=stdio.get(1, subprocess.DEVNULL),
-        stderr=stdio.get(2, subprocess.DEVNULL),
-        env=dict(env),
-        cwd=cwd,
-        close_fds=True,
-        pass_fds=tuple(pass_fds),
-        start_new_session=True,
-    )
-    return ChildProcess(popen=popen, pgid=popen.pid)
+
+    def popen(argv: list[str | bytes], executable: str | bytes, fds: tuple[int, ...]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            argv, executable=executable, stdin=stdio.get(0, subprocess.DEVNULL),
+            stdout=stdio.get(1, subprocess.DEVNULL), stderr=stdio.get(2, subprocess.DEVNULL),
+            env=dict(env), cwd=cwd, close_fds=True, pass_fds=fds, start_new_session=True,
+        )
+
+    if placement is None:
+        started = popen([arg0 if arg0 is not None else command[0], *command[1:]], command[0], tuple(pass_fds))
+    else:
+        started = _spawn_placed(popen, command, arg0, tuple(pass_fds), placement)
+    child = ChildProcess(popen=started, pgid=started.pid)
+    _SPAWNED.add(child)
+    return child
+
+
+_Popen = Callable[[list, "str | bytes", tuple[int, ...]], "subprocess.Popen[bytes]"]
+
+
+def _spawn_placed(popen: _Popen, command: Sequence[str] | Sequence[bytes], arg0: str | bytes | None,
+                  pass_fds: tuple[int, ...], placement: Placement) -> subprocess.Popen[bytes]:
+    """Start ``command`` through ``execgate-contain``; raise its failure as an OSError.
+
+    The helper reports a failure as ``STAGE ERRNO`` on a close-on-exec pipe (EOF: the program
+    runs), as subprocess.Popen does for its own exec; the read blocks until then (microseconds).
+    """
+    read_end, write_end = os.pipe()
+    try:  # above 2: the child's stdio is dup2'ed onto 0-2 before the helper runs
+        errfd = fcntl.fcntl(write_end, fcntl.F_DUPFD_CLOEXEC, 3)
+    finally:
+        os.close(write_end)
+    try:
+        try:
+            started = popen(placement.argv(command, arg0, errfd), placement.helper, (*pass_fds, errfd))
+        finally:
+            os.close(errfd)
+        report = b""
+        while chunk := os.read(read_end, 64):
+            report += chunk
+    finally:
+        os.close(read_end)
+    if not report:
+        return started
+    started.wait()
+    stage, _, number = report.decode("ascii", "replace").partition(" ")
+    err = int(number) if number.strip().isdigit() else 0
+    if stage == "exec":
+        raise OSError(err, os.strerror(err), os.fsdecode(command[0]))
+    raise OSError(err, f"cannot place the process in the session's containment ({stage}): {os.strerror(err)}")
 

@@ -64,6 +64,11 @@ def test_seccomp_launcher_is_built() -> None:
     assert launcher.parent == Path(artifacts.__file__).resolve().parent and _elf_class(launcher) == 2
 
 
+def test_contain_helper_is_built() -> None:
+    helper = artifacts.contain_helper_path()
+    assert helper.parent == Path(artifacts.__file__).resolve().parent and _elf_class(helper) == 2
+
+
 def test_missing_artifact_says_how_to_rebuild(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(artifacts, "_HERE", tmp_path)
     with pytest.raises(NativeArtifactMissing, match="pip install"):
