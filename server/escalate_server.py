@@ -41,6 +41,7 @@ from execgate.server.escalation import Limits
 from execgate.server.output import DEFAULT_MAX_CAPTURE, OutputCallback, OutputPipes
 from execgate.server.policy import Permissions, Policy
 from execgate.server.session import ExtraEnv, Session
+from execgate.server.session_start import start_argvs
 from execgate.server.spawn import ChildProcess, spawn
 
 #: Exit status reported by :meth:`EscalateServer.exec` when the timeout fired (as timeout(1)).
@@ -247,6 +248,8 @@ class EscalateServer:
         try:
             async with self.start_session(session_id, labels) as session:
                 argv = self.shell_argv(command, login=login, session=session, workdir=workdir)
+                shell_argv = None if session.backstop else [self.shell, "-lc" if login else "-c", command]
+                session.policy.expect(start_argvs(argv, shell_argv))
                 shell_env = {**(os.environ if env is None else env), **session.env_overlay}
                 fds = (session.client_fd,) + ((session.backstop.client_fd,) if session.backstop else ())
                 try:

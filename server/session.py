@@ -55,6 +55,7 @@ from execgate.server.exec_facts import Coverage, learn
 from execgate.server.fdpass import close_fds, encode_frame, recv_datagram, wait_readable
 from execgate.server.policy import Permissions, Policy, SessionContext
 from execgate.server.containment import NONE, Containment, Placement, Scope
+from execgate.server.session_start import StartPolicy
 from execgate.server.spawn import ChildProcess, running_pids, signal_group
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,8 @@ class Session:
         containment: Containment | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()  # RuntimeError before any resource exists
-        self.policy = policy
+        #: The policy, wrapped so that the session's own start is not a decision (:mod:`.session_start`).
+        self.policy = StartPolicy(policy)
         self.limits = limits or Limits()
         self.context = SessionContext(
             session_id=session_id or uuid.uuid4().hex, labels=dict(labels or {}), sandbox=sandbox
@@ -142,7 +144,7 @@ class Session:
             self.backstop = Backstop(
                 launcher=seccomp_launcher,
                 wrapper=self.env_overlay[p.EXEC_WRAPPER_ENV_VAR],  # after the extras: the one the shell gets
-                policy=policy, context=self.context,
+                policy=self.policy, context=self.context,
                 max_concurrent=self.limits.max_concurrent, max_bytes=self.limits.max_frame_bytes,
             )
             self._spawn_task(self.backstop.serve())
