@@ -14,12 +14,18 @@ No answer by the deadline: denied, saying it timed out. No approver connected (a
 (a service whose approvers the session could reach, e.g. ``execgate run --sandbox none``)
 denies every prompt at once with that reason. This module knows nothing of gRPC; the
 ``Approvals`` servicer is a thin layer over it.
+
+:class:`ApprovalBroker` keeps everything in this process (a single service). Replicas share
+their approvals through Redis instead (:class:`~execgate.policy_service.approvals_redis.RedisApprovalBroker`,
+the same methods); :func:`outcome_for` is the one place a verdict becomes an outcome for both.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -34,7 +40,8 @@ Verdict = Literal["once", "session", "deny"]
 #: How a prompt can end (:attr:`ApprovalOutcome.result`): approved once or for the session by an
 #: approver, covered by an earlier grant, denied by an approver, unanswered by its deadline, no
 #: approver connected, or refused outright (a broker made with ``refuse_reason``).
-RESULTS = ("approved", "approved_session", "granted", "denied", "timeout", "no_approver", "refused")
+#: ``unavailable``: the shared state (Redis, :mod:`.state_redis`) failed while the prompt waited.
+RESULTS = ("approved", "approved_session", "granted", "denied", "timeout", "no_approver", "refused", "unavailable")
 
 
 class UnknownRequest(KeyError):
@@ -125,7 +132,7 @@ class ApprovalBroker:
         self.refuse_reason = refuse_reason
         self._pending: dict[str, _Pending] = {}
         self._subscribers: set[_Subscriber] = set()
-        self._grants: dict[tuple[object, ...], str] = {}
+        self._grants: dict[str, str] = {}
         self._approver_joined: asyncio.Event | None = None
 
     @property
@@ -137,11 +144,11 @@ class ApprovalBroker:
         """Number of requests waiting now (a plain read: safe from a metrics scrape's thread)."""
         return len(self._pending)
 
-    def is_pending(self, request_id: str) -> bool:
+    async def is_pending(self, request_id: str) -> bool:
         """True while ``request_id`` waits for an answer."""
         return request_id in self._pending
 
-    def pending(self) -> list[ApprovalRequest]:
+    async def pending(self) -> list[ApprovalRequest]:
         """Requests waiting now, oldest first."""
         return [p.request for p in self._pending.values()]
 
@@ -191,8 +198,7 @@ class ApprovalBroker:
         if self.refuse_reason is not None:
             return ApprovalOutcome(False, self.refuse_reason, result="refused")
         shown_env = tuple(sorted((env or {}).items()))
-        shown_facts = None if facts is None else (facts.kinds, facts.children_unseen)
-        key = (session.session_id, program, tuple(argv), shown_env, shown_facts)
+        key = grant_key(session, program, argv, shown_env, facts)
         if key in self._grants:
             return ApprovalOutcome(True, "approved earlier for this session", self._grants[key], True, "granted")
         loop = asyncio.get_running_loop()
@@ -231,23 +237,43 @@ class ApprovalBroker:
             return bool(self._subscribers)
         return True
 
-    def resolve(self, request_id: str, verdict: Verdict, *, reason: str = "", approver: str = "") -> None:
+    async def resolve(self, request_id: str, verdict: Verdict, *, reason: str = "", approver: str = "") -> None:
         """Answer one pending request.
 
         Raises:
             UnknownRequest: no such request is pending (unknown, already answered or expired).
             ValueError: ``verdict`` is not "once", "session" or "deny".
         """
-        if verdict not in ("once", "session", "deny"):
-            raise ValueError(f"unknown verdict {verdict!r}")
+        outcome = outcome_for(verdict, reason, approver)
         pending = self._pending.pop(request_id, None)
         if pending is None or pending.future.done():
             raise UnknownRequest(request_id)
-        if verdict == "deny":
-            outcome = ApprovalOutcome(False, reason or "denied by approver", approver, result="denied")
-        else:
-            text = reason or ("approved for this session" if verdict == "session" else "approved once")
-            outcome = ApprovalOutcome(True, text, approver, verdict == "session",
-                                      "approved_session" if verdict == "session" else "approved")
         pending.future.set_result(outcome)
         log.info("approval %s resolved by %s: %s", request_id, approver or "?", verdict)
+
+
+def grant_key(
+    session: SessionContext, program: str, argv: Sequence[str], env: Sequence[tuple[str, str]],
+    facts: ExecFacts | None,
+) -> str:
+    """What an approve-for-session grant covers, as one string (a sha256 hex digest): the session,
+    program, argv, the environment reaching the command (sorted pairs) and the file's facts."""
+    shown = None if facts is None else (sorted(facts.kinds), facts.children_unseen)
+    text = json.dumps([session.session_id, program, list(argv), [list(kv) for kv in env], shown],
+                      ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def outcome_for(verdict: Verdict, reason: str = "", approver: str = "") -> ApprovalOutcome:
+    """The outcome an approver's verdict gives.
+
+    Raises:
+        ValueError: ``verdict`` is not "once", "session" or "deny".
+    """
+    if verdict not in ("once", "session", "deny"):
+        raise ValueError(f"unknown verdict {verdict!r}")
+    if verdict == "deny":
+        return ApprovalOutcome(False, reason or "denied by approver", approver, result="denied")
+    text = reason or ("approved for this session" if verdict == "session" else "approved once")
+    return ApprovalOutcome(True, text, approver, verdict == "session",
+                           "approved_session" if verdict == "session" else "approved")

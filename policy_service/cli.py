@@ -94,6 +94,16 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="on SIGTERM, seconds in-flight calls get to finish (default 5)")
     p.add_argument("--rules-poll", type=float, default=1.0, metavar="S",
                    help="seconds between checks of the rules files for changes (default 1)")
+    state = p.add_argument_group("replicas", "share pending approvals, session grants and the audit stream with "
+                                             "other replicas through Redis (needs the 'redis' extra)")
+    state.add_argument("--state", metavar="URL",
+                       help="redis://[:PASSWORD@]HOST:PORT/DB, rediss://… (TLS) or unix:///PATH.sock; default: "
+                            "in this process only. Health is NOT_SERVING and decisions fail closed while Redis "
+                            "is out of reach")
+    state.add_argument("--state-password-file", metavar="FILE",
+                       help="the Redis password (instead of one in the URL, which other users may see in ps)")
+    state.add_argument("--audit-stream-maxlen", type=int, default=100_000, metavar="N",
+                       help="about how many decisions the Redis audit stream execgate:audit keeps (default 100000)")
     telemetry.add_options(p, service_name="execgate-policy")
     p.set_defaults(func=_serve)
 
@@ -124,6 +134,7 @@ def _serve(args: argparse.Namespace) -> int:
         token = read_token(args.token_file)
         approvals_token = read_token(args.approvals_token_file)
         _check_approvals_options(args.approvals_listen, token, approvals_token)
+        state_password = _check_state_options(args)
         metrics_listen, tracing = telemetry.options(args, service_name="execgate-policy")
         if not (args.tls_cert or args.insecure):
             for flag, address in (("--listen", args.listen), ("--approvals-listen", args.approvals_listen)):
@@ -142,7 +153,7 @@ def _serve(args: argparse.Namespace) -> int:
                     "%s (or read the --token-file) can answer its own prompts; see --approvals-token-file "
                     "and --approvals-listen", args.listen)
     try:
-        return _run(_serve_async(args, rules, tls, token, approvals_token, metrics_listen, tracing))
+        return _run(_serve_async(args, rules, tls, token, approvals_token, metrics_listen, tracing, state_password))
     finally:
         if tracing is not None:
             tracing.shutdown()  # export the spans still buffered
@@ -160,9 +171,32 @@ def _check_approvals_options(listen: str | None, token: str | None, approvals_to
         raise ValueError("--approvals-token-file must hold a different token than --token-file")
 
 
+def _check_state_options(args: argparse.Namespace) -> str | None:
+    """Check ``--state`` and its options; return the password of ``--state-password-file``.
+
+    Raises:
+        ValueError: a bad URL, a password file without ``--state``, or a bad maximum length.
+        ModuleNotFoundError: ``--state`` without redis-py (the ``redis`` extra).
+        OSError: the password file cannot be read.
+    """
+    if args.state is None:
+        if args.state_password_file:
+            raise ValueError("--state-password-file needs --state")
+        return None
+    if args.audit_stream_maxlen < 1:
+        raise ValueError("--audit-stream-maxlen must be at least 1")
+    try:
+        from execgate.policy_service.state_redis import redact
+    except ModuleNotFoundError as exc:
+        raise ValueError(f"--state needs {exc.name} (pip install 'execgate[redis]')") from exc
+    redact(args.state)  # ValueError for a URL that is not Redis's
+    return read_token(args.state_password_file)
+
+
 async def _serve_async(
     args: argparse.Namespace, rules, tls: TlsFiles | None, token: str | None, approvals_token: str | None,
     metrics_listen: tuple[str, int] | None = None, tracing: telemetry.Tracing | None = None,
+    state_password: str | None = None,
 ) -> int:
     from execgate.policy_service.metrics import PolicyMetrics
     from execgate.policy_service.server import running_service
@@ -180,6 +214,7 @@ async def _serve_async(
             approval_timeout_s=args.approval_timeout, approver_wait_s=args.approver_wait, grace_s=args.grace,
             rules_poll_s=args.rules_poll, metrics_listen=metrics_listen,
             metrics=PolicyMetrics(tracer_provider=tracing.provider if tracing else None),
+            state=args.state, state_password=state_password, audit_stream_maxlen=args.audit_stream_maxlen,
         ) as server:
             if server.metrics_url:
                 log.info("metrics on %s", server.metrics_url)

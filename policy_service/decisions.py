@@ -20,6 +20,7 @@ from typing import Awaitable, Callable, Mapping, NamedTuple, Protocol, Sequence
 from execgate.policy_service.approvals import ApprovalBroker
 from execgate.policy_service.audit import AuditLog, AuditRecord
 from execgate.policy_service.envclean import clean_env
+from execgate.policy_service.state import ApprovalState, InProcessState, SharedState, StateUnavailable
 from execgate.server.policy import Decision, ExecFacts, Execution, Permissions, PreparedExec, SessionContext
 from execgate.server.sandbox import bwrap_argv, find_bwrap, unsafe_workdir, visible_inside
 
@@ -71,8 +72,12 @@ class DecisionService:
     Args:
         rules: the rules store (its ``current`` rule set is read per request, so reloads apply
             at once).
-        approvals: the broker that runs prompts.
-        audit: where each decision is written, or None for no audit log.
+        approvals: the broker that runs prompts (default: ``state``'s).
+        audit: the local file each decision is written to, or None for none.
+        state: the state replicas share (:mod:`execgate.policy_service.state`; default: in this
+            process, around ``approvals``). While :meth:`~.state.SharedState.unavailable` names
+            a cause, every decision fails closed with it; every decision is also published to
+            its audit stream before it is answered (a failure to publish fails it closed).
         bwrap: absolute path of the bubblewrap named in sandboxed command lines; default: found
             once, here at service start, in root-owned system directories
             (:func:`execgate.server.sandbox.find_bwrap`), never on a caller's PATH. None found: a
@@ -86,14 +91,18 @@ class DecisionService:
         self,
         rules: RulesSource,
         *,
-        approvals: ApprovalBroker,
+        approvals: ApprovalBroker | ApprovalState | None = None,
         audit: AuditLog | None = None,
         bwrap: str | None = None,
+        state: SharedState | None = None,
     ) -> None:
         if bwrap is not None and not os.path.isabs(bwrap):
             raise ValueError(f"bwrap must be an absolute path, got {bwrap!r}")
         self.rules = rules
-        self.approvals = approvals
+        if state is None:
+            state = InProcessState(approvals if isinstance(approvals, ApprovalBroker) else None)
+        self.state = state
+        self.approvals = approvals if approvals is not None else state.approvals
         self.audit = audit
         self.bwrap = bwrap if bwrap is not None else find_bwrap()
 
@@ -124,33 +133,68 @@ class DecisionService:
             approver who resolved a prompt ("" if none; for a grant, who granted it).
         """
         started = time.monotonic()
+        decision_id = uuid.uuid4().hex
+        why = self.state.unavailable()
+        if why is not None:  # fail closed: no shared audit stream, no shared approvals
+            decided = Decided(Decision.deny(why, decision_id=decision_id, error=True), "", "")
+        else:
+            try:
+                decided = await self._by_rules(session, program, argv, workdir, decision_id, budget_s, on_prompt,
+                                               env, facts)
+            except StateUnavailable as exc:  # the shared state failed while a prompt waited
+                decided = Decided(Decision.deny(str(exc), decision_id=decision_id, error=True), "", "unavailable")
+        record = self._record(session, program, argv, workdir, decided.decision, decided.approver, started, facts)
+        if why is None:
+            try:
+                await self.state.record(record)
+            except StateUnavailable as exc:  # an answer that is not in the shared audit stream is not given
+                denied = Decision.deny(str(exc), decision_id=decision_id, rule_id=decided.decision.rule_id, error=True)
+                decided = Decided(denied, decided.approver, decided.prompt)
+                record = self._record(session, program, argv, workdir, denied, decided.approver, started, facts)
+        if self.audit is not None:
+            self.audit.write(record)
+        return decided
+
+    async def _by_rules(
+        self,
+        session: SessionContext,
+        program: str,
+        argv: Sequence[str],
+        workdir: str,
+        decision_id: str,
+        budget_s: float | None,
+        on_prompt: PromptHook | None,
+        env: Mapping[str, str] | None,
+        facts: ExecFacts | None,
+    ) -> Decided:
+        """Decide by the rules (and an approver for ``prompt``), without auditing.
+
+        Raises:
+            StateUnavailable: the shared state failed while a prompt waited.
+        """
         # A worker thread: evaluation may stat and realpath the program's path (trust checks),
         # which must not hold up the event loop serving every other session.
         evaluation = await asyncio.to_thread(self.rules.current.evaluate, program, argv, facts)
         rule_id = getattr(evaluation.rule, "id", "") or ""
         reason = evaluation.reason or ""
         execution = evaluation.execution or Execution()
-        common = {"rule_id": rule_id, "decision_id": uuid.uuid4().hex}
-        approver = prompt = ""
+        common = {"rule_id": rule_id, "decision_id": decision_id}
         # An escalation from a directory that exists only in the session's sandbox cannot start
         # where escalated commands run: deny it up front, before any approver is asked.
         stranded = _stranded_workdir(session, workdir) if evaluation.decision in ("escalate", "prompt") else None
         if stranded is not None:
-            decision = Decision.deny(stranded, **common)
-        elif evaluation.decision == "run":
-            decision = Decision.run(reason=reason, note=untrusted_note(program, evaluation, session), **common)
-        elif evaluation.decision == "escalate":
-            decision = Decision.escalate(execution, reason=reason, **common)
-        elif evaluation.decision == "prompt":
+            return Decided(Decision.deny(stranded, **common), "")
+        if evaluation.decision == "run":
+            return Decided(Decision.run(reason=reason, note=untrusted_note(program, evaluation, session), **common), "")
+        if evaluation.decision == "escalate":
+            return Decided(Decision.escalate(execution, reason=reason, **common), "")
+        if evaluation.decision == "prompt":
             shown = clean_env(env or {}, evaluation.allow_env)
-            decision, approver, prompt = await self._ask(
+            return await self._ask(
                 session, program, argv, workdir, rule_id, reason, execution, common, budget_s, on_prompt, shown,
                 facts,
             )
-        else:
-            decision = Decision.deny(reason or "denied by policy", **common)
-        self._audit(session, program, argv, workdir, decision, approver, started, facts)
-        return Decided(decision, approver, prompt)
+        return Decided(Decision.deny(reason or "denied by policy", **common), "")
 
     async def _ask(
         self,
@@ -184,7 +228,7 @@ class DecisionService:
                            outcome.result)
         return Decided(Decision.deny(outcome.reason, **common), outcome.approver, outcome.result)
 
-    def _audit(
+    def _record(
         self,
         session: SessionContext,
         program: str,
@@ -194,7 +238,8 @@ class DecisionService:
         approver: str,
         started: float,
         facts: ExecFacts | None = None,
-    ) -> None:
+    ) -> AuditRecord:
+        """The audit record of one decision (``started``: its ``time.monotonic()`` start)."""
         latency_ms = (time.monotonic() - started) * 1000.0
         # DEBUG, not INFO: the audit log is the per-decision record; an INFO line per decision
         # cost ~6 % of the service's CPU at load (BENCHMARKS.md).
@@ -204,17 +249,13 @@ class DecisionService:
                 decision.decision_id, session.session_id, program, list(argv), decision.action,
                 decision.rule_id or "default",
             )
-        if self.audit is None:
-            return
-        self.audit.write(
-            AuditRecord(
-                decision_id=decision.decision_id, session_id=session.session_id,
-                labels=dict(session.labels), program=program, argv=tuple(argv), workdir=workdir,
-                decision=decision.action, rule_id=decision.rule_id, reason=decision.reason or "",
-                approver=approver, latency_ms=latency_ms, error=decision.error,
-                file_kind=None if facts is None or facts.file is None else tuple(sorted(facts.kinds)),
-                children_unseen=None if facts is None else facts.children_unseen,
-            )
+        return AuditRecord(
+            decision_id=decision.decision_id, session_id=session.session_id,
+            labels=dict(session.labels), program=program, argv=tuple(argv), workdir=workdir,
+            decision=decision.action, rule_id=decision.rule_id, reason=decision.reason or "",
+            approver=approver, latency_ms=latency_ms, error=decision.error,
+            file_kind=None if facts is None or facts.file is None else tuple(sorted(facts.kinds)),
+            children_unseen=None if facts is None else facts.children_unseen,
         )
 
     def prepare(

@@ -41,11 +41,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from execgate.policy_service.approvals import ApprovalBroker
 from execgate.policy_service.audit import AuditLog
 from execgate.policy_service.decisions import DecisionService, RulesSource
 from execgate.policy_service.metrics import PolicyMetrics, server_interceptors
 from execgate.policy_service.servicer import ApprovalsServicer, EscalationPolicyServicer
+from execgate.policy_service.state import open_state
 from execgate.policy_service.transport import TlsFiles, TokenInterceptor, add_port, new_token, write_private_file
 from execgate.server.telemetry import MetricsEndpoint
 from execgate.v1 import approvals_pb2, approvals_pb2_grpc, policy_pb2, policy_pb2_grpc
@@ -121,11 +121,17 @@ class PolicyServer:
         self.addresses.append(bound)
         return bound
 
-    async def start(self) -> None:
-        """Start serving and report ``SERVING`` for every service and for the server ("")."""
+    async def start(self, *, serving: bool = True) -> None:
+        """Start serving and report ``SERVING`` (``NOT_SERVING`` if ``serving`` is False: the
+        shared state is out of reach) for every service and for the server ("")."""
         await self._server.start()
-        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        await self.set_serving(serving)
         log.info("policy service listening on %s", ", ".join(self.addresses))
+
+    async def set_serving(self, serving: bool) -> None:
+        """Report ``SERVING`` or ``NOT_SERVING`` on the health service."""
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING if serving
+                               else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def stop(self, grace_s: float | None = 5.0) -> None:
         """Report ``NOT_SERVING``, then stop; in-flight calls get ``grace_s`` seconds to finish."""
@@ -173,6 +179,9 @@ async def running_service(
     rules_poll_s: float = 1.0,
     metrics: PolicyMetrics | None = None,
     metrics_listen: tuple[str, int] | None = None,
+    state: str | None = None,
+    state_password: str | None = None,
+    audit_stream_maxlen: int = 100_000,
 ) -> AsyncIterator[PolicyServer]:
     """Run a policy service on ``address`` for the duration of the ``async with``.
 
@@ -192,6 +201,13 @@ async def running_service(
         metrics: this service's metrics and tracer (default: new ones, in a private registry).
         metrics_listen: ``(host, port)`` to serve ``/metrics`` on (port 0: any free port), or
             None for no endpoint. The caller checks the address (loopback unless asked).
+        state: None to keep approvals, grants and audit in this process; a Redis URL
+            (``redis://[:password@]host:port/db``, ``rediss://…``, ``unix:///…``) to share them
+            with other replicas (:mod:`execgate.policy_service.state_redis`). Health then
+            follows Redis: ``NOT_SERVING`` (and every decision failing closed) while it cannot
+            be reached, ``SERVING`` again once it can.
+        state_password: the Redis password, when not in the URL.
+        audit_stream_maxlen: about how many entries the Redis audit stream keeps.
 
     Yields:
         The started decision server; ``server.addresses[0]`` is its bound address,
@@ -200,14 +216,16 @@ async def running_service(
 
     Raises:
         AddressError: cannot listen. OSError: the audit log cannot be opened, or the metrics
-        address cannot be bound.
+        address cannot be bound. ValueError: a bad ``state`` URL. ModuleNotFoundError: a
+        ``state`` URL without redis-py installed.
     """
     metrics = metrics if metrics is not None else PolicyMetrics()
-    audit = AuditLog(audit_log) if audit_log else None
-    broker = ApprovalBroker(timeout_s=approval_timeout_s, approver_wait_s=approver_wait_s,
-                            refuse_reason=no_approver_reason)
+    shared = open_state(state, timeout_s=approval_timeout_s, approver_wait_s=approver_wait_s,
+                        refuse_reason=no_approver_reason, audit_maxlen=audit_stream_maxlen, password=state_password)
+    broker = shared.approvals
     metrics.watch_approvals(broker.pending_count, lambda: broker.approvers)
-    decisions = DecisionService(rules, approvals=broker, audit=audit)
+    audit = AuditLog(audit_log) if audit_log else None
+    decisions = DecisionService(rules, state=shared, audit=audit)
     if approvals_address is None:
         services = SERVICE_NAMES if serve_approvals else (POLICY_SERVICE,)
         servers = [PolicyServer(decisions, token=token, approvals_token=approvals_token, services=services,
@@ -220,14 +238,21 @@ async def running_service(
     watcher: asyncio.Task[None] | None = None
     started: list[PolicyServer] = []
     endpoint: MetricsEndpoint | None = None
+    stopping = False
+
+    async def on_health(serving: bool) -> None:
+        for server in started if not stopping else ():
+            await server.set_serving(serving)
+
     try:
+        await shared.start(on_health)
         servers[0].add_port(address, tls=tls)
         if approvals_address is not None:
             servers[1].add_port(approvals_address, tls=tls if tls and not approvals_address.startswith("unix:") else None)
         if APPROVALS_SERVICE in servers[-1].services:
             servers[0].approvals_address = servers[-1].addresses[0]
         for server in servers:
-            await server.start()
+            await server.start(serving=shared.unavailable() is None)
             started.append(server)
         if callable(getattr(rules, "watch", None)):
             watcher = asyncio.create_task(rules.watch(rules_poll_s), name="execgate-rules-watch")  # type: ignore[attr-defined]
@@ -236,6 +261,7 @@ async def running_service(
             servers[0].metrics_url = endpoint.url
         yield servers[0]
     finally:
+        stopping = True
         if endpoint is not None:
             await asyncio.to_thread(endpoint.close)
         if watcher is not None:
@@ -244,8 +270,10 @@ async def running_service(
                 await watcher
         for server in reversed(started):
             await server.stop(grace_s)
+        await shared.aclose()
         if audit is not None:
             audit.close()
+
 
 
 @dataclass(frozen=True, slots=True)

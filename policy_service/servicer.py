@@ -19,6 +19,7 @@ import grpc
 
 from execgate.policy_service.approvals import ApprovalBroker, ApprovalRequest, UnknownRequest
 from execgate.policy_service.decisions import DecisionService, EscalationRefused
+from execgate.policy_service.state import ApprovalState, StateUnavailable
 from execgate.policy_service.metrics import ATTR_SESSION_ID, PolicyMetrics, describe_decision, describe_error
 from execgate.server import policy_codec as codec
 from execgate.server import protocol as p
@@ -116,7 +117,10 @@ class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
             except Exception as exc:  # a rules-engine bug must reach the client as INTERNAL, not UNKNOWN
                 self._failed(span, "internal", exc, started)
                 await _internal(context, "DetermineAction", exc)
-            self.metrics.decided(decision.action, decision.rule_id, time.monotonic() - started, prompt)
+            if decision.error:  # failed closed (shared state unreachable): an error, not a policy denial
+                self._failed(span, "state_unavailable", RuntimeError(decision.reason), started)
+            else:
+                self.metrics.decided(decision.action, decision.rule_id, time.monotonic() - started, prompt)
             describe_decision(span, decision.decision_id, decision.action, decision.rule_id, prompt)
         message = codec.decision_to_pb(decision)
         message.approver = approver
@@ -171,10 +175,10 @@ class ApprovalsServicer(approvals_pb2_grpc.ApprovalsServicer):
     """The ``Approvals`` service.
 
     Args:
-        broker: holds the pending requests.
+        broker: holds the pending requests (in this process, or shared through Redis).
     """
 
-    def __init__(self, broker: ApprovalBroker) -> None:
+    def __init__(self, broker: ApprovalBroker | ApprovalState) -> None:
         self.broker = broker
 
     async def WatchPending(  # noqa: N802
@@ -185,8 +189,10 @@ class ApprovalsServicer(approvals_pb2_grpc.ApprovalsServicer):
             async with self.broker.subscribe() as queue:
                 while True:
                     pending = await queue.get()
-                    if self.broker.is_pending(pending.request_id):
+                    if await self.broker.is_pending(pending.request_id):
                         yield pending_to_pb(pending)
+        except StateUnavailable as exc:  # the shared state went away: the approver reconnects later
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         finally:
             log.info("approver %r disconnected", request.approver or context.peer())
 
@@ -197,16 +203,22 @@ class ApprovalsServicer(approvals_pb2_grpc.ApprovalsServicer):
         if verdict is None:
             await _invalid(context, ValueError("verdict must be APPROVE_ONCE, APPROVE_FOR_SESSION or DENY"))
         try:
-            self.broker.resolve(
+            await self.broker.resolve(
                 request.request_id, verdict, reason=request.reason, approver=request.approver or context.peer()
             )
         except UnknownRequest:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND, f"no pending request {request.request_id!r} (answered or expired?)"
             )
+        except StateUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         return apb.ResolveApprovalResponse()
 
     async def ListPending(  # noqa: N802
         self, request: apb.ListPendingRequest, context: grpc.aio.ServicerContext
     ) -> apb.ListPendingResponse:
-        return apb.ListPendingResponse(pending=[pending_to_pb(p) for p in self.broker.pending()])
+        try:
+            pending = await self.broker.pending()
+        except StateUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        return apb.ListPendingResponse(pending=[pending_to_pb(p) for p in pending])

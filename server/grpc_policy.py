@@ -17,8 +17,16 @@ grpc.aio delivers a unary call's initial metadata only together with its respons
 invokes the (unary) ``DetermineAction`` method through a server-streaming call object, which
 reads headers on their own; cardinality is not on the wire, so the service is unaffected.
 
+Replicas (docs/DESIGN.md §9): ``address`` may name several, in any target syntax gRPC resolves
+itself — ``ipv4:127.0.0.1:7001,127.0.0.1:7002`` (a list), ``dns:///policy.example:7000`` (every
+address of a name, re-resolved as it changes). The channel balances with gRPC's ``round_robin``
+and its client-side health checking (``healthCheckConfig``): a replica reporting ``NOT_SERVING``
+gets no calls; with none serving, calls fail at once (UNAVAILABLE) and are denied, fail closed.
+
 Retries: only transport unavailability, by gRPC's own retry policy (service config), inside the
-same deadline; ``waitForReady`` is false so that a service that is down fails fast.
+same deadline — with several replicas the retry goes to the next one, so a replica that dies
+with calls in flight costs at most those calls (a call whose answer had begun is not retried);
+``waitForReady`` is false so that a service that is down fails fast.
 
 Metrics and traces (:mod:`execgate.server.metrics`): every call's latency, the decisions answered
 by outcome and the failures by cause, kept apart; one CLIENT span per DetermineAction whose trace
@@ -49,6 +57,11 @@ PROMPT_METADATA_KEY = "execgate-prompt"
 
 _SERVICE_CONFIG = json.dumps(
     {
+        # Several replicas (``ipv4:H1:P1,H2:P2``, a ``dns:`` name with several addresses): spread
+        # the calls, and leave out a replica whose health service says NOT_SERVING (a stopping
+        # one, or one that lost its shared state) — gRPC's client-side health checking.
+        "loadBalancingConfig": [{"round_robin": {}}],
+        "healthCheckConfig": {"serviceName": ""},
         "methodConfig": [
             {
                 "name": [{"service": "execgate.v1.EscalationPolicy"}],
@@ -106,7 +119,8 @@ class GrpcPolicy:
     """A :class:`~execgate.server.policy.Policy` that asks a remote ``execgate.v1`` service.
 
     Args:
-        address: ``unix:///path`` or ``host:port``.
+        address: ``unix:///path``, ``host:port``, or several replicas (``ipv4:H:P1,H:P2``,
+            ``dns:///name:port``): see the module docstring.
         token: bearer token sent as ``authorization: Bearer <token>``, or None.
         tls: channel credentials for TLS (see ``grpc.ssl_channel_credentials``), or None for a
             plaintext channel (the default for Unix sockets).

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 #: The e2e fixture ``gate`` (real shells under the preload shim) lives in tests/preload_support.py.
-pytest_plugins = ("preload_support", "attack_support")
+pytest_plugins = ("preload_support", "attack_support", "redis_support")
 
 
 @pytest.fixture(
