@@ -251,14 +251,12 @@ class RedisApprovalBroker:
             return ApprovalOutcome(False, self.refuse_reason, result="refused")
         shown_env = tuple(sorted((env or {}).items()))
         grant = f"{PREFIX}grant:{grant_key(session, program, argv, shown_env, facts)}"
-        async with self.state.guard():
-            granted_by = await self.state.redis.get(grant)
-            if granted_by is not None:
-                await self.state.redis.expire(grant, GRANT_TTL_S)
-                return ApprovalOutcome(True, "approved earlier for this session", granted_by.decode(), True, "granted")
+        if (granted := await self._granted(grant)) is not None:
+            return granted
         timeout = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
         deadline = time.time() + timeout
-        if not await self.approvers_anywhere() and not await self._wait_for_approver(min(self.approver_wait_s, timeout)):
+        wait = min(self.approver_wait_s, timeout)
+        if not await self.approvers_anywhere() and not await self._wait_for_approver(wait):
             return ApprovalOutcome(False, "approval required but no approver is connected", result="no_approver")
         loop_deadline = asyncio.get_running_loop().time() + (deadline - time.time())
         request = ApprovalRequest(uuid.uuid4().hex, session, program, tuple(argv), workdir, rule_id, reason, execution,
@@ -273,6 +271,15 @@ class RedisApprovalBroker:
         finally:
             self._held.discard(request.request_id)
         return outcome
+
+    async def _granted(self, grant: str) -> ApprovalOutcome | None:
+        """The outcome of an earlier approve-for-session grant (its lease renewed), or None."""
+        async with self.state.guard():
+            granted_by = await self.state.redis.get(grant)
+            if granted_by is None:
+                return None
+            await self.state.redis.expire(grant, GRANT_TTL_S)
+        return ApprovalOutcome(True, "approved earlier for this session", granted_by.decode(), True, "granted")
 
     async def _wait_for_approver(self, wait_s: float) -> bool:
         """Poll (every 0.1 s, up to ``wait_s`` seconds) for an approver on any replica."""

@@ -119,6 +119,8 @@ class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
                 await _internal(context, "DetermineAction", exc)
             if decision.error:  # failed closed (shared state unreachable): an error, not a policy denial
                 self._failed(span, "state_unavailable", RuntimeError(decision.reason), started)
+                if prompt:
+                    self.metrics.prompts.labels(prompt).inc()
             else:
                 self.metrics.decided(decision.action, decision.rule_id, time.monotonic() - started, prompt)
             describe_decision(span, decision.decision_id, decision.action, decision.rule_id, prompt)

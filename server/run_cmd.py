@@ -65,7 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                           "rules (repeatable; 'default' names the shipped file)")
     parser.add_argument("--no-default-rules", action="store_true",
                         help="do not load the shipped default rules under --rules")
-    pol.add_argument("--policy", metavar="ADDRESS", help="a running policy service (unix:///path or host:port)")
+    pol.add_argument("--policy", metavar="ADDRESS",
+                     help="a running policy service (unix:///path or host:port), or several replicas balanced "
+                          "round-robin (ipv4:HOST:PORT1,HOST:PORT2 or dns:///NAME:PORT)")
     parser.add_argument("--token-file", metavar="FILE", help="bearer token for --policy")
     parser.add_argument("--tls", action="store_true", help="reach --policy over TLS (implied by the --tls-* options)")
     parser.add_argument("--tls-ca", metavar="PEM", help="CA that signed the policy service's certificate (default: system roots)")

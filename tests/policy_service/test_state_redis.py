@@ -11,6 +11,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
+import sys
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -131,7 +133,8 @@ async def test_audit_stream_shared_and_decision_ids_unique(replicas, redis_serve
     shared = [json.loads(fields[b"record"]) for _, fields in entries]
     assert [r["decision_id"] for r in shared] == ids  # one entry each, in the order decided
     assert {r["decision"] for r in shared} == {"run"} and {r["rule_id"] for r in shared} == {"echo-run"}
-    local = [json.loads(line)["decision_id"] for i in (0, 1) for line in (short_tmp / f"audit{i}.jsonl").read_text().splitlines()]
+    local = [json.loads(line)["decision_id"]
+             for i in (0, 1) for line in (short_tmp / f"audit{i}.jsonl").read_text().splitlines()]
     assert sorted(local) == sorted(ids)
 
 
@@ -186,3 +189,51 @@ async def test_password_works_and_is_never_logged(replicas, short_tmp: Path, cap
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "Redis at redis://127.0.0.1" in logged
     assert secret not in logged and secret[::-1] not in logged
+
+
+CLI = (sys.executable, "-m", "execgate.server.cli")
+
+
+async def test_cli_state_password_file_serves_and_never_prints_it(short_tmp: Path, rules_file: Path) -> None:
+    secret = "file-Pa55word-abc"
+    server = RedisServer(short_tmp, password=secret)
+    server.start()
+    password_file = short_tmp / "redis.password"
+    password_file.write_text(secret + "\n")
+    address = f"unix://{short_tmp / 'cli.sock'}"
+    url = f"redis://127.0.0.1:{server.port}/0"
+    proc = await asyncio.create_subprocess_exec(
+        *CLI, "policy", "serve", "--listen", address, "--rules", str(rules_file), "--state", url,
+        "--state-password-file", str(password_file), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            await until(lambda: _answers(channel), "the service to answer SERVING", timeout_s=30)
+            assert (await determine(channel, echo_request())).WhichOneof("action") == "run"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+        server.kill()
+    assert proc.returncode == 0
+    assert f"shared state: Redis at {url}".encode() in err and secret.encode() not in err
+
+
+async def _answers(channel: grpc.aio.Channel) -> bool:
+    try:
+        return await health(channel) == health_pb2.HealthCheckResponse.SERVING
+    except grpc.aio.AioRpcError:
+        return False
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--state", "http://127.0.0.1:6379"), b"is not a redis://, rediss:// or unix:// URL"),
+    (("--state-password-file", "/nonexistent"), b"--state-password-file needs --state"),
+    (("--state", "redis://127.0.0.1:1/0", "--audit-stream-maxlen", "0"), b"--audit-stream-maxlen must be at least 1"),
+])
+async def test_cli_refuses_bad_state_options(short_tmp: Path, rules_file: Path, args, message) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        *CLI, "policy", "serve", "--listen", f"unix://{short_tmp / 'x.sock'}", "--rules", str(rules_file), *args,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2 and message in err, err
