@@ -128,6 +128,7 @@ class RedisApprovalBroker:
         self.refuse_reason = refuse_reason
         self._watches: set[_Watch] = set()
         self._held: set[str] = set()
+        self._withdrawing: set[asyncio.Future[None]] = set()
         self._claim = state.redis.register_script(_CLAIM)
 
     @property
@@ -265,12 +266,27 @@ class RedisApprovalBroker:
         try:
             await self._publish(request, deadline)
             outcome = await self._wait(request.request_id, deadline, timeout)
-            if outcome.approved and outcome.for_session:
-                async with self.state.guard():
-                    await self.state.redis.set(grant, outcome.approver, ex=GRANT_TTL_S)
+        except asyncio.CancelledError:  # the caller left: no approver should see it any more
+            self._withdraw(request.request_id)
+            raise
         finally:
             self._held.discard(request.request_id)
+        if outcome.approved and outcome.for_session:
+            async with self.state.guard():
+                await self.state.redis.set(grant, outcome.approver, ex=GRANT_TTL_S)
         return outcome
+
+    def _withdraw(self, rid: str) -> None:
+        """Remove an abandoned request from Redis, in the background (best effort)."""
+        async def withdraw() -> None:
+            with contextlib.suppress(RedisError, OSError, TimeoutError):
+                async with asyncio.timeout(self.state.op_timeout_s):
+                    await self.state.redis.delete(f"{PREFIX}pending:{rid}")
+                    await self.state.redis.zrem(f"{PREFIX}pending", rid)
+
+        task = asyncio.ensure_future(withdraw())
+        self._withdrawing.add(task)
+        task.add_done_callback(self._withdrawing.discard)
 
     async def _granted(self, grant: str) -> ApprovalOutcome | None:
         """The outcome of an earlier approve-for-session grant (its lease renewed), or None."""

@@ -237,3 +237,22 @@ async def test_cli_refuses_bad_state_options(short_tmp: Path, rules_file: Path, 
     )
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2 and message in err, err
+
+
+async def test_a_prompt_whose_caller_left_is_withdrawn_everywhere(replicas, redis_server: RedisServer) -> None:
+    async with replicas(redis_server.url) as (a, b), \
+            grpc.aio.insecure_channel(a.addresses[0]) as on_a, grpc.aio.insecure_channel(b.addresses[0]) as on_b:
+        approver = await Approver(b, on_b, "bob").connected()
+        asking = asyncio.ensure_future(determine(on_a, ls_request("s-1", "-t")))
+        pending = await approver.next()
+        asking.cancel()
+        stub = approvals_pb2_grpc.ApprovalsStub(on_b)
+
+        async def withdrawn() -> bool:
+            return not (await stub.ListPending(apb.ListPendingRequest(), timeout=5)).pending
+
+        await until(withdrawn, "the request to leave ListPending")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await approver.resolve(pending, apb.VERDICT_APPROVE_ONCE)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        await approver.close()
