@@ -130,7 +130,9 @@ class DecisionService:
 
         Returns:
             The Decision (with a fresh ``decision_id`` and a ``reason`` for every action) and the
-            approver who resolved a prompt ("" if none; for a grant, who granted it).
+            approver who resolved a prompt ("" if none; for a grant, who granted it). With the
+            shared state out of reach (before, during a prompt, or when publishing the audit
+            record), a Deny with ``error=True`` whose reason names it: never raises for that.
         """
         started = time.monotonic()
         decision_id = uuid.uuid4().hex
