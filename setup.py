@@ -5,6 +5,7 @@
 - ``libexecgate_preload.so`` — the LD_PRELOAD shim (``preload.c`` + ``preload.map``), and
 - ``execgate-wrapper-native`` — the native execve wrapper (``wrapper.c``),
 - ``execgate-seccomp-launch`` — the seccomp backstop's launcher (``seccomp_launch.c``, x86_64 only),
+- ``execgate-ctty`` — makes a session's pty its shell's controlling terminal (``ctty.c``),
 - ``preload/<$LIB>/libexecgate_preload.so`` — the shim once more per ABI (x86_64 and, where a 32-bit
   toolchain is present (gcc-multilib), i386), in the directory the loader expands ``$LIB`` to for
   that ABI (probed here), so that ``LD_PRELOAD=.../preload/$LIB/libexecgate_preload.so`` loads the
@@ -35,6 +36,7 @@ NATIVE = HERE / "wrapper" / "native"
 PRELOAD_LIB = "libexecgate_preload.so"
 NATIVE_WRAPPER = "execgate-wrapper-native"
 SECCOMP_LAUNCHER = "execgate-seccomp-launch"
+CTTY_LAUNCHER = "execgate-ctty"
 #: What ld.so may expand ``$LIB`` to (ld.so(8)); the probe below finds which one it is per ABI.
 LIB_CANDIDATES = ("lib/x86_64-linux-gnu", "lib/i386-linux-gnu", "lib64", "lib32", "lib", "libx32")
 _PROBE_LIB = r'''
@@ -104,7 +106,9 @@ def build_native(out_dir: Path) -> list[str]:
     lib, exe, launcher = out_dir / PRELOAD_LIB, out_dir / NATIVE_WRAPPER, out_dir / SECCOMP_LAUNCHER
     _shim(cc, extra, lib)
     _run([*cc, *CFLAGS, *extra, "-o", str(exe), str(NATIVE / "wrapper.c")])
-    built = [str(lib), str(exe)]
+    ctty = out_dir / CTTY_LAUNCHER
+    _run([*cc, *CFLAGS, *extra, "-o", str(ctty), str(NATIVE / "ctty.c")])
+    built = [str(lib), str(exe), str(ctty)]
     if platform.machine() in ("x86_64", "amd64"):
         _run([*cc, *CFLAGS, *extra, "-o", str(launcher), str(NATIVE / "seccomp_launch.c")])
         built.append(str(launcher))

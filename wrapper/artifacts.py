@@ -2,7 +2,8 @@
 
 ``pip install`` (and ``pip install -e``) compile, next to this module (see ``setup.py``): the
 LD_PRELOAD shim ``libexecgate_preload.so``, the native execve wrapper ``execgate-wrapper-native``,
-the seccomp backstop's launcher ``execgate-seccomp-launch`` (x86_64) and the shim once per ABI under
+the seccomp backstop's launcher ``execgate-seccomp-launch`` (x86_64), the controlling-terminal
+launcher ``execgate-ctty`` and the shim once per ABI under
 ``preload/<what ld.so expands $LIB to>/`` (x86_64, and i386 where gcc-multilib is present). All are
 platform-specific; the sources are in ``native/``.
 """
@@ -18,6 +19,8 @@ PRELOAD_LIBRARY_NAME = "libexecgate_preload.so"
 NATIVE_WRAPPER_NAME = "execgate-wrapper-native"
 #: File name of the seccomp backstop's launcher (built from ``native/seccomp_launch.c``).
 SECCOMP_LAUNCHER_NAME = "execgate-seccomp-launch"
+#: File name of the launcher that makes a session's pty its shell's controlling terminal (``native/ctty.c``).
+CTTY_LAUNCHER_NAME = "execgate-ctty"
 #: Directory of the per-ABI shims; ``$LIB`` (ld.so(8), "Dynamic string tokens") picks one.
 PER_ABI_DIR = "preload"
 
@@ -64,6 +67,15 @@ def seccomp_launcher_path() -> Path:
         NativeArtifactMissing: not built (no C compiler, or not x86_64).
     """
     return _find(SECCOMP_LAUNCHER_NAME, executable=True)
+
+
+def ctty_launcher_path() -> Path:
+    """Absolute path of the ``execgate-ctty`` executable.
+
+    Raises:
+        NativeArtifactMissing: not built (no C compiler).
+    """
+    return _find(CTTY_LAUNCHER_NAME, executable=True)
 
 
 def preload_ld_value() -> str:
