@@ -12,7 +12,9 @@ dropped, so that nothing typed for the script answers it. Answers:
 - ``y`` — approve once; ``s`` — approve for the session; ``n`` — deny, then a reason line
   (empty: "denied at the terminal");
 - ^C or ^D — deny; no answer by the request's deadline (``--approval-timeout``) — the broker
-  denies it, saying it timed out.
+  denies it, saying it timed out;
+- answered by another approver meanwhile (``execgate approve`` with ``--approver-wait``): the
+  question ends, saying so.
 
 The terminal is duck-typed (:class:`PromptTerminal`) so that this module needs nothing of ptys.
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import AsyncContextManager, Protocol
+from typing import AsyncContextManager, AsyncIterator, Protocol
 
 from execgate.policy_service.approvals import ApprovalBroker, ApprovalRequest, UnknownRequest, Verdict
 from execgate.policy_service.approver import describe
@@ -32,6 +34,8 @@ log = logging.getLogger(__name__)
 
 #: The approver name recorded in the audit log for answers given here.
 APPROVER_NAME = "terminal"
+#: Seconds between checks that a request asked here is still pending.
+SETTLED_POLL_S = 0.2
 _KEYS: dict[str, Verdict] = {"y": "once", "s": "session", "n": "deny"}
 _SAID = {"once": "approved once", "session": "approved for this session", "deny": "denied"}
 
@@ -60,23 +64,37 @@ async def serve_terminal_approver(broker: ApprovalBroker, terminal: PromptTermin
 
 async def ask(broker: ApprovalBroker, terminal: PromptTerminal, request: ApprovalRequest, *,
               name: str = APPROVER_NAME) -> None:
-    """Ask about one request and resolve it with the answer; a request answered elsewhere or
-    expired meanwhile is left alone (saying so)."""
+    """Ask about one request and resolve it with the answer. A request answered elsewhere (an
+    ``execgate approve`` of ``--approver-wait``) or expired meanwhile ends the question, saying so."""
     async with terminal.held():
         await terminal.write("\nexecgate: a command needs your approval\n" + describe(pending_to_pb(request)) + "\n")
         terminal.discard_typeahead()
+        answer = asyncio.ensure_future(_answer(terminal))
+        gone = asyncio.ensure_future(_settled(broker, request.request_id))
         try:
-            async with asyncio.timeout_at(request.deadline):
-                verdict, reason = await _answer(terminal)
-        except TimeoutError:
-            await terminal.write("\n   no answer in time: denied\n")
+            await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (answer, gone):
+                task.cancel()
+            await asyncio.gather(answer, gone, return_exceptions=True)
+        if not answer.done() or answer.cancelled():
+            timed_out = asyncio.get_running_loop().time() >= request.deadline
+            await terminal.write("\n   no answer in time: denied\n" if timed_out
+                                 else "\n   answered elsewhere\n")
             return
+        verdict, reason = answer.result()
         try:
             broker.resolve(request.request_id, verdict, reason=reason, approver=name)
         except UnknownRequest:
             await terminal.write("   no longer pending (answered elsewhere, or expired)\n")
             return
         await terminal.write(f"   {_SAID[verdict]}\n")
+
+
+async def _settled(broker: ApprovalBroker, request_id: str) -> None:
+    """Return once ``request_id`` is no longer pending (answered elsewhere, or past its deadline)."""
+    while broker.is_pending(request_id):
+        await asyncio.sleep(SETTLED_POLL_S)
 
 
 async def _answer(terminal: PromptTerminal) -> tuple[Verdict, str]:
@@ -98,17 +116,22 @@ async def _answer(terminal: PromptTerminal) -> tuple[Verdict, str]:
 
 
 @contextlib.asynccontextmanager
-async def terminal_approver(broker: ApprovalBroker | None, terminal: PromptTerminal):
+async def terminal_approver(broker: ApprovalBroker | None, terminal: PromptTerminal) -> AsyncIterator[None]:
     """Run :func:`serve_terminal_approver` for the ``async with`` block (nothing if ``broker``
-    is None); stopped, whatever it was asking, when the block ends."""
+    is None); stopped, whatever it was asking, when the block ends. If it fails, that is said
+    at once (prompts then find no approver and are denied, saying so)."""
     if broker is None:
         yield
         return
     task = asyncio.ensure_future(serve_terminal_approver(broker, terminal))
+    task.add_done_callback(_report)
     try:
         yield
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        if task.done() and not task.cancelled() and task.exception() is not None:
-            log.warning("the terminal approver failed: %s", task.exception())
+
+
+def _report(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("the terminal approver stopped: %r", task.exception(), exc_info=task.exception())

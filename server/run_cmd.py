@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import math
 import os
@@ -27,7 +26,7 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator
+
 
 #: Status of `execgate run` itself when it cannot start (bad option, bad rules, no sandbox).
 SETUP_FAILED = 2
@@ -182,60 +181,6 @@ def parse_labels(items: list[str]) -> dict[str, str]:
     return labels
 
 
-def wrapper_path(kind: str) -> Path:
-    """The execve wrapper executable for ``--wrapper native|python``. Raises RunSetupError."""
-    if kind == "native":
-        from execgate.wrapper.artifacts import NativeArtifactMissing, native_wrapper_path
-
-        try:
-            return native_wrapper_path()
-        except NativeArtifactMissing as exc:
-            raise RunSetupError(str(exc)) from exc
-    beside = Path(sys.executable).parent / "execgate-wrapper"
-    found = beside if beside.exists() else shutil.which("execgate-wrapper")
-    if not found:
-        raise RunSetupError("the Python wrapper `execgate-wrapper` is not installed next to this interpreter")
-    return Path(found).absolute()
-
-
-def shell_honours_exec_wrapper(shell: str) -> bool:
-    """True if ``shell`` runs ``EXEC_WRAPPER FILE ARGV…`` instead of exec'ing FILE itself (Codex's
-    patched bash and zsh do; stock shells do not, and would run everything unchecked)."""
-    import subprocess
-
-    env = {"PATH": os.environ.get("PATH", os.defpath), "EXEC_WRAPPER": "/bin/echo"}
-    try:
-        done = subprocess.run([shell, "-c", "/bin/true execgate-probe"], env=env, capture_output=True,
-                              timeout=10, check=False, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return b"execgate-probe" in done.stdout
-
-
-def interception_env(kind: str, wrapper: Path, shell: str) -> tuple[list[str], object]:
-    """Paths the sandbox must keep visible, and the server's ``extra_env`` hook.
-
-    Raises:
-        RunSetupError: ``exec-wrapper`` with a shell that does not honour ``EXEC_WRAPPER``.
-    """
-    if kind == "exec-wrapper":
-        if not shell_honours_exec_wrapper(shell):
-            raise RunSetupError(
-                f"--intercept exec-wrapper: {shell} does not honour EXEC_WRAPPER (a stock shell would "
-                "run every command unchecked); use --intercept preload, or a patched shell"
-            )
-        return [str(wrapper.parent)], None
-    from execgate.wrapper.artifacts import NativeArtifactMissing, preload_library_path
-    from execgate.wrapper.interception import preload_extra_env
-
-    try:
-        shim = preload_library_path()
-        extra_env = preload_extra_env(wrapper, base_ld_preload=os.environ.get("LD_PRELOAD") or None)
-    except NativeArtifactMissing as exc:
-        raise RunSetupError(str(exc)) from exc
-    return [str(wrapper.parent), str(shim.parent)], extra_env
-
-
 def _note(text: str) -> None:
     """A session's note for the user, on stderr (where the script's own stderr goes too)."""
     from execgate.server.run_stdio import line_end
@@ -283,6 +228,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
     from execgate.server.run_policy import policy_credentials, tls_credentials, token_from_file
 
     token = token_from_file(args.token_file)
+    from execgate.server.run_intercept import choose_seccomp, interception_env, wrapper_path
+
     wrapper = wrapper_path(args.wrapper)
     visible, extra_env = interception_env(args.intercept, wrapper, shell)
     seccomp = choose_seccomp(args.seccomp)
@@ -306,33 +253,6 @@ def _plan(args: argparse.Namespace) -> _Plan:
         raise RunSetupError(str(exc)) from exc
     return _Plan(shell, wrapper, with_home(sandbox, home), extra_env, seccomp, home, workdir, labels, token, tls,
                  metrics_listen, tracing)
-
-
-def choose_seccomp(mode: str) -> tuple[str | None, str]:
-    """Resolve ``--seccomp auto|on|off``: the launcher to use (None: no backstop) and a note
-    ("seccomp backstop: on" / "off (why)") for the user.
-
-    Raises:
-        RunSetupError: ``on`` and the backstop cannot work here.
-    """
-    import subprocess
-
-    from execgate.wrapper.artifacts import NativeArtifactMissing, seccomp_launcher_path
-
-    if mode == "off":
-        return None, "seccomp backstop: off (--seccomp off)"
-    try:
-        launcher = str(seccomp_launcher_path())
-        done = subprocess.run([launcher, "--probe"], capture_output=True, text=True, timeout=10, check=False)
-        reason = None if done.returncode == 0 else (done.stderr.strip() or f"probe status {done.returncode}")
-    except (NativeArtifactMissing, OSError, subprocess.TimeoutExpired) as exc:
-        launcher, reason = "", str(exc)
-    if reason is None:
-        return launcher, "seccomp backstop: on"
-    if mode == "on":
-        raise RunSetupError(f"--seccomp on: {reason}")
-    return None, f"seccomp backstop: off ({reason})"
-
 
 
 async def run(args: argparse.Namespace) -> int:

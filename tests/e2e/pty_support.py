@@ -14,7 +14,7 @@ import subprocess
 import sys
 import termios
 import time
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 #: Runs ``argv[1:]`` with fd 0 made the controlling terminal of its (new) session.
 _CTTY = ("import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
@@ -22,36 +22,44 @@ _CTTY = ("import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); 
 
 
 class PtyUser:
-    """Runs ``argv`` on a fresh pty and plays the user at it.
+    """A fresh pty; :meth:`start` runs a program on it, and the test plays the user at it.
 
     Args:
-        argv: the program (e.g. ``execgate run …``).
-        env, cwd: as for subprocess.
-        wrap: turns the full argv into the one spawned (e.g. :meth:`Attacker.command`).
         owner: ``(uid, gid)`` to own the terminal (a login terminal belongs to its user).
+        rows, cols: its window size.
 
     Attributes:
         output: everything read from the terminal so far (bytes).
-        slave_path: the terminal's name (``/dev/pts/N``).
+        slave_path: the terminal's name (``/dev/pts/N``), known before anything runs on it.
+        slave_stat: its ``os.stat_result`` (device, inode, st_rdev).
+        modes_before: its termios attributes before the program started.
+        proc: the program (its pid is the program's own: the set-up step execs it).
     """
 
-    def __init__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
-                 wrap=None, owner: tuple[int, int] | None = None, rows: int = 30, cols: int = 100) -> None:
-        self.master, slave = os.openpty()
-        self.slave_path = os.ttyname(slave)
-        if owner is not None:
-            os.fchown(slave, *owner)
+    def __init__(self, *, owner: tuple[int, int] | None = None, rows: int = 30, cols: int = 100) -> None:
         import fcntl
         import struct
 
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        self.modes_before = termios.tcgetattr(slave)
-        full = [sys.executable, "-c", _CTTY, *argv]
-        self.proc = subprocess.Popen(list(wrap(full)) if wrap else full, stdin=slave, stdout=slave, stderr=slave,
-                                     env=None if env is None else dict(env), cwd=cwd, start_new_session=True)
-        self._slave = slave  # kept open: the modes can be read after the program exits
+        self.master, self._slave = os.openpty()
+        self.slave_path = os.ttyname(self._slave)
+        self.slave_stat = os.fstat(self._slave)
+        if owner is not None:
+            os.fchown(self._slave, *owner)
+        fcntl.ioctl(self._slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        self.modes_before = termios.tcgetattr(self._slave)
         os.set_blocking(self.master, False)
         self.output = b""
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
+              wrap: Callable[[list[str]], list[str]] | None = None) -> PtyUser:
+        """Run ``argv`` with the terminal as its stdio and controlling terminal; ``wrap`` turns
+        the full argv into the one spawned (e.g. :meth:`Attacker.command`). Returns self."""
+        full = [sys.executable, "-c", _CTTY, *argv]
+        self.proc = subprocess.Popen(wrap(full) if wrap else full, stdin=self._slave, stdout=self._slave,
+                                     stderr=self._slave, env=None if env is None else dict(env), cwd=cwd,
+                                     start_new_session=True)
+        return self
 
     def modes(self) -> list:
         """The terminal's termios attributes now."""
@@ -108,7 +116,7 @@ class PtyUser:
         return self.output.decode(errors="replace")
 
     def close(self) -> None:
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
         for fd in (self.master, self._slave):

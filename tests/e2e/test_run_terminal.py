@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import termios
 from pathlib import Path
 
@@ -42,7 +43,7 @@ def _marker(work: Path) -> None:
 
 
 def _at_terminal(work: Path, *args: str) -> PtyUser:
-    return PtyUser([*CLI, "run", "--cwd", str(work), *args], cwd=str(work))
+    return PtyUser().start([*CLI, "run", "--cwd", str(work), *args], cwd=str(work))
 
 
 def test_piped_stdin_reaches_the_script(tmp_path: Path) -> None:
@@ -63,7 +64,7 @@ def test_script_gets_a_pty_of_its_own_and_typed_input(tmp_path: Path) -> None:
                         '{ : </dev/tty; } 2>/dev/null && echo ctty=yes; read -r line; echo "got=$line"')
     try:
         found = user.expect(rb"dev=([0-9a-f]+):([0-9a-f]+)")
-        real = os.stat(user.slave_path).st_rdev
+        real = user.slave_stat.st_rdev
         assert (int(found[1], 16), int(found[2], 16)) != (os.major(real), os.minor(real)), user.text()
         user.expect("ctty=yes")
         user.type("hello there\r")
@@ -101,6 +102,30 @@ def test_prompt_is_asked_at_the_terminal(tmp_path: Path) -> None:
     assert (tmp_path / "ran-one").exists()
     assert not (tmp_path / "ran-two").exists()
     assert "Execution denied: not on a friday" in (tmp_path / "err.txt").read_text()
+
+
+def test_at_a_terminal_with_approver_wait_an_external_approver_answers(short_tmp: Path) -> None:
+    """--approver-wait at a terminal: the `execgate approve` command printed there answers the
+    prompt that the terminal is asking too; the terminal's question then ends."""
+    work = short_tmp / "work"
+    work.mkdir()
+    _marker(work)
+    (work / "rules.toml").write_text(RULES)
+    user = _at_terminal(work, "--rules", str(work / "rules.toml"), "--approver-wait", "30", "--",
+                        './marker one; echo "one=$?"; read -r x')  # the script waits for the user
+    try:
+        found = user.expect(r"execgate: approvals: execgate approve --policy (\S+) --token-file (\S+)\r\n")
+        user.expect(r"\[y\] once  \[s\] for session  \[n\] deny > ")
+        approve = subprocess.run([*CLI, "approve", "--policy", found[1].decode(), "--token-file", found[2].decode(),
+                                  "--name", "elsewhere"], input="y\n", capture_output=True, text=True, timeout=60)
+        assert "sent" in approve.stdout, approve.stdout + approve.stderr
+        user.expect("answered elsewhere")
+        user.expect("one=0")
+        user.type("\r")
+        assert user.wait() == 0, user.text()
+    finally:
+        user.close()
+    assert (work / "ran-one").exists()
 
 
 def test_no_sandbox_at_a_terminal_still_denies_prompts(tmp_path: Path) -> None:
