@@ -134,7 +134,8 @@ async def _on_pty(args: argparse.Namespace, broker: object) -> AsyncIterator[Scr
     stderr_too = same_file(1, 2)
     if not args.quiet:
         asks = ("prompts are asked here" if broker is not None
-                else "prompts go to the policy service's approvers" if args.policy else "prompts are denied (no sandbox)")
+                else "prompts go to the policy service's approvers" if args.policy
+                else "prompts are denied (no sandbox)")
         print(f"execgate: terminal: the script gets a pty of its own; {asks}", file=sys.stderr, flush=True)
     try:
         with raw_mode(terminal), _crlf_lines(stderr_too):
