@@ -7,6 +7,7 @@
 - ``execgate-seccomp-launch`` — the seccomp backstop's launcher (``seccomp_launch.c``, x86_64 only),
 - ``execgate-contain`` — puts each spawned process in its session's cgroup or gives it a
   parent-death signal before it runs (``contain_exec.c``; server/containment.py),
+- ``execgate-ctty`` — makes a session's pty its shell's controlling terminal (``ctty.c``),
 - ``preload/<$LIB>/libexecgate_preload.so`` — the shim once more per ABI (x86_64 and, where a 32-bit
   toolchain is present (gcc-multilib), i386), in the directory the loader expands ``$LIB`` to for
   that ABI (probed here), so that ``LD_PRELOAD=.../preload/$LIB/libexecgate_preload.so`` loads the
@@ -38,6 +39,7 @@ PRELOAD_LIB = "libexecgate_preload.so"
 NATIVE_WRAPPER = "execgate-wrapper-native"
 SECCOMP_LAUNCHER = "execgate-seccomp-launch"
 CONTAIN_HELPER = "execgate-contain"
+CTTY_LAUNCHER = "execgate-ctty"
 #: What ld.so may expand ``$LIB`` to (ld.so(8)); the probe below finds which one it is per ABI.
 LIB_CANDIDATES = ("lib/x86_64-linux-gnu", "lib/i386-linux-gnu", "lib64", "lib32", "lib", "libx32")
 _PROBE_LIB = r'''
@@ -108,7 +110,9 @@ def build_native(out_dir: Path) -> list[str]:
     _shim(cc, extra, lib)
     _run([*cc, *CFLAGS, *extra, "-o", str(exe), str(NATIVE / "wrapper.c")])
     _run([*cc, *CFLAGS, *extra, "-o", str(out_dir / CONTAIN_HELPER), str(NATIVE / "contain_exec.c")])
-    built = [str(lib), str(exe), str(out_dir / CONTAIN_HELPER)]
+    ctty = out_dir / CTTY_LAUNCHER
+    _run([*cc, *CFLAGS, *extra, "-o", str(ctty), str(NATIVE / "ctty.c")])
+    built = [str(lib), str(exe), str(out_dir / CONTAIN_HELPER), str(ctty)]
     if platform.machine() in ("x86_64", "amd64"):
         _run([*cc, *CFLAGS, *extra, "-o", str(launcher), str(NATIVE / "seccomp_launch.c")])
         built.append(str(launcher))

@@ -17,6 +17,8 @@ The embedded service's trust model (docs/DESIGN.md §8):
 - the approvals endpoint is opened only when asked for (``approvals=True``), on its own socket,
   with its own random token written to a 0600 file in that private directory for ``execgate
   approve --token-file``; the decision token never authorises it;
+- an approver in the caller's own process (``execgate run``'s terminal approver) subscribes to
+  the broker itself (:attr:`EmbeddedService.broker`), on no endpoint at all;
 - a caller that cannot isolate its sessions (``--sandbox none``) passes ``no_approver_reason``:
   every prompt is then denied with that reason instead of being offered to an approver that the
   session itself could reach.
@@ -286,12 +288,15 @@ class EmbeddedService:
         approvals_address: the approvals endpoint, or None when it was not asked for.
         approvals_token_file: the 0600 file holding the approvals token (for ``execgate
             approve --token-file``), or None.
+        broker: the service's approvals broker, for an approver in this very process (``execgate
+            run``'s terminal approver subscribes to it: no endpoint, no credential).
     """
 
     address: str
     token: str
     approvals_address: str | None = None
     approvals_token_file: str | None = None
+    broker: ApprovalBroker | None = None
 
 
 @contextlib.asynccontextmanager
@@ -350,6 +355,7 @@ async def serve_embedded(
             no_approver_reason=no_approver_reason,
             metrics=metrics,
         ) as server:
-            yield EmbeddedService(server.addresses[0], token, server.approvals_address, token_file)
+            yield EmbeddedService(server.addresses[0], token, server.approvals_address, token_file,
+                                  server.decisions.approvals)
     finally:
         shutil.rmtree(directory, ignore_errors=True)

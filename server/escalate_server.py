@@ -125,6 +125,7 @@ class EscalateServer:
             :func:`~execgate.server.containment.choose` ("auto": a cgroup per session where
             possible, else process groups only; "cgroup", "subreaper", "none"), chosen at the
             first session.
+        ctty_launcher: path of ``execgate-ctty``, for ``exec(ctty=True)`` (a shell on a pty).
     """
 
     def __init__(
@@ -141,6 +142,7 @@ class EscalateServer:
         seccomp_launcher: str | None = None,
         on_note: Callable[[str], None] | None = None,
         containment: Containment | str = "auto",
+        ctty_launcher: str | None = None,
     ) -> None:
         self.shell = shell
         self.wrapper = os.path.abspath(wrapper)
@@ -164,6 +166,7 @@ class EscalateServer:
         if not isinstance(self._containment, Containment):
             self._containment = choose(self._containment, fallback="none")
         return self._containment
+        self.ctty_launcher = ctty_launcher
 
     def start_session(self, session_id: str | None = None, labels: Mapping[str, str] | None = None) -> Session:
         """Create a session and start serving it (needs a running event loop).
@@ -189,11 +192,18 @@ class EscalateServer:
             containment=self.containment,
         )
 
-    def shell_argv(self, command: str, *, login: bool, session: Session, workdir: str) -> list[str]:
-        """``[shell, "-c"|"-lc", command]``, passed through the launcher hook if any."""
+    def shell_argv(self, command: str, *, login: bool, session: Session, workdir: str,
+                   ctty: bool = False) -> list[str]:
+        """``[shell, "-c"|"-lc", command]``, passed through the launcher hook if any.
+
+        With ``ctty``, ``execgate-ctty`` runs first inside the sandbox (after bwrap's
+        ``--new-session``, before the seccomp backstop): it makes fd 0 the controlling terminal.
+        """
         argv = [self.shell, "-lc" if login else "-c", command]
         if session.backstop is not None:  # inside any sandbox: bwrap's own execs stay unnotified
             argv = session.backstop.launch_argv(argv)
+        if ctty and self.ctty_launcher is not None:
+            argv = [self.ctty_launcher, argv[0], *argv]
         if self.launcher is None:
             return argv
         if hasattr(self.launcher, "launch_argv"):
@@ -213,6 +223,8 @@ class EscalateServer:
         labels: Mapping[str, str] | None = None,
         max_capture: int = DEFAULT_MAX_CAPTURE,
         stderr_to_stdout: bool = False,
+        stdio: Mapping[int, int] | None = None,
+        ctty: bool = False,
     ) -> ExecResult:
         """Run ``SHELL -c|-lc command`` in ``workdir`` in a fresh session and capture its output.
 
@@ -234,27 +246,37 @@ class EscalateServer:
             stderr_to_stdout: give the shell one pipe for stdout and stderr (as ``2>&1``):
                 ``stdout`` and ``output`` then hold both in exactly the order written, ``stderr``
                 is empty (with two pipes the order between them is only the order of reading).
+            stdio: fds given to the shell as they are, destination (0, 1, 2) → fd: e.g. the
+                caller's own stdin, or the slave of a pty for all three. The caller keeps them
+                (and closes them). Destinations not given: stdin ``/dev/null``, stdout and stderr
+                the captured pipes; a given stdout or stderr is not captured.
+            ctty: make the shell's fd 0 (``stdio[0]``, a terminal) the controlling terminal of
+                its new session, through the server's ``ctty_launcher`` (``execgate-ctty``).
 
-        Stdin of the shell is ``/dev/null``. When the shell exits, the session closes (killing any
-        escalated command still running, and with a cgroup or the subreaper every other process
-        the session started) and its pipes are read for at most ``DRAIN_S`` more seconds.
+        When the shell exits, the session closes (killing any escalated command still running,
+        and with a cgroup or the subreaper every other process the session started) and its pipes
+        are read for at most ``DRAIN_S`` more seconds.
 
         Raises:
-            ValueError: ``max_capture`` is negative.
+            ValueError: ``max_capture`` is negative; ``ctty`` without a terminal on ``stdio[0]``
+                or without a ``ctty_launcher``.
             OSError: the shell could not be spawned.
         """
+        stdio = dict(stdio or {})
+        if ctty and (self.ctty_launcher is None or 0 not in stdio or not os.isatty(stdio[0])):
+            raise ValueError("ctty needs a terminal on stdio[0] and a server with a ctty_launcher")
         started = time.monotonic()
-        capture = OutputPipes(on_output, max_capture, stderr_to_stdout)
+        capture = OutputPipes(on_output, max_capture, stderr_to_stdout, given=stdio.keys())
         try:
             async with self.start_session(session_id, labels) as session:
-                argv = self.shell_argv(command, login=login, session=session, workdir=workdir)
+                argv = self.shell_argv(command, login=login, session=session, workdir=workdir, ctty=ctty)
                 shell_argv = None if session.backstop else [self.shell, "-lc" if login else "-c", command]
                 session.policy.expect(start_argvs(argv, shell_argv))
                 shell_env = {**(os.environ if env is None else env), **session.env_overlay}
                 fds = (session.client_fd,) + ((session.backstop.client_fd,) if session.backstop else ())
                 try:
-                    shell = spawn(argv, env=shell_env, cwd=workdir, stdio=capture.write_ends(), pass_fds=fds,
-                                  placement=session.placement)
+                    shell = spawn(argv, env=shell_env, cwd=workdir, stdio={**capture.write_ends(), **stdio},
+                                  pass_fds=fds, placement=session.placement)
                 finally:
                     capture.close_write_ends()
                     session.close_client_socket()

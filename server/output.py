@@ -29,7 +29,7 @@ import logging
 import os
 import queue
 import threading
-from typing import Awaitable, Callable, Mapping
+from typing import Awaitable, Callable, Collection, Mapping
 
 from execgate.server.fdpass import close_fds, wait_readable
 
@@ -127,6 +127,8 @@ class OutputPipes:
         max_capture: bytes kept of each of ``stdout``, ``stderr`` and ``output`` (0: none).
         stderr_to_stdout: one pipe for both fd 1 and fd 2 (as ``2>&1``): everything arrives as
             ``stdout``, in exactly the order written; ``stderr`` stays empty.
+        given: destinations (1, 2) that the caller wires to the shell itself (e.g. a pty): no
+            pipe is made for them and nothing of them is captured.
 
     Raises:
         ValueError: ``max_capture`` is negative.
@@ -134,10 +136,15 @@ class OutputPipes:
     """
 
     def __init__(self, on_output: OutputCallback | None, max_capture: int = DEFAULT_MAX_CAPTURE,
-                 stderr_to_stdout: bool = False) -> None:
+                 stderr_to_stdout: bool = False, given: Collection[int] = ()) -> None:
         self.on_output = on_output
         self.buffers = {name: CaptureBuffer(max_capture) for name in CAPTURED}
-        self.streams = ("stdout",) if stderr_to_stdout else ("stdout", "stderr")
+        piped = [dest for dest in (1, 2) if dest not in given]
+        if stderr_to_stdout and piped == [1, 2]:
+            self._dests = {1: "stdout", 2: "stdout"}
+        else:
+            self._dests = {dest: "stdout" if dest == 1 else "stderr" for dest in piped}
+        self.streams = tuple(dict.fromkeys(self._dests.values()))
         self.fds: dict[str, int] = {}
         self.tasks: list[asyncio.Future[None]] = []
         try:
@@ -149,7 +156,7 @@ class OutputPipes:
 
     def write_ends(self) -> dict[int, int]:
         """Destination → write end, for :func:`~execgate.server.spawn.spawn`'s ``stdio``."""
-        return {1: self.fds["stdout_w"], 2: self.fds[self.streams[-1] + "_w"]}
+        return {dest: self.fds[name + "_w"] for dest, name in self._dests.items()}
 
     def close_write_ends(self) -> None:
         close_fds([self.fds.pop(name + "_w") for name in self.streams])

@@ -9,22 +9,16 @@ back-pressured writer that holds none of it (or, with ``--json``, captured up to
 bytes per stream and printed as JSON; :mod:`execgate.server.output`). ``execgate run`` exits with
 the script's status.
 
-Prompts and the embedded service (docs/DESIGN.md §8): the embedded decision endpoint needs a
-per-run token held only in this process's memory, and the process makes itself non-dumpable
-(``PR_SET_DUMPABLE`` 0, prctl(2)) so that a process of the same user without ``CAP_SYS_PTRACE``
-cannot read that memory through ``/proc/PID/mem``. The approvals endpoint is opened only with
-``--approver-wait``, which prints the ``execgate approve`` command (socket and 0600 token file in
-the service's private directory under ``/tmp``, which no bwrap sandbox sees). With no sandbox
-(``--sandbox none``, or ``auto`` without bubblewrap) the shell has the user's full power and could
-reach any approver of this process: the embedded service then denies every prompt, naming the
-fix, and ``--approver-wait`` is refused.
+How the policy service is reached, its credentials and prompts without a sandbox:
+:mod:`execgate.server.run_policy`. The script's stdin, stdout and stderr — passed through, or a pty
+of its own at a terminal, where execgate itself asks the embedded service's prompts:
+:mod:`execgate.server.run_stdio`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import math
 import os
@@ -33,7 +27,7 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator
+
 
 #: Status of `execgate run` itself when it cannot start (bad option, bad rules, no sandbox).
 SETUP_FAILED = 2
@@ -195,160 +189,11 @@ def parse_labels(items: list[str]) -> dict[str, str]:
     return labels
 
 
-def token_from_file(path: str | None) -> str | None:
-    """``--token-file``'s token (see :func:`execgate.policy_service.transport.read_token`).
-
-    Raises:
-        RunSetupError: the file cannot be read or is empty.
-    """
-    from execgate.policy_service.transport import read_token
-
-    try:
-        return read_token(path)
-    except OSError as exc:
-        raise RunSetupError(f"--token-file {path}: {exc.strerror or exc}") from exc
-    except ValueError as exc:
-        raise RunSetupError(f"--token-file: {exc}") from exc
-
-
-def wrapper_path(kind: str) -> Path:
-    """The execve wrapper executable for ``--wrapper native|python``. Raises RunSetupError."""
-    if kind == "native":
-        from execgate.wrapper.artifacts import NativeArtifactMissing, native_wrapper_path
-
-        try:
-            return native_wrapper_path()
-        except NativeArtifactMissing as exc:
-            raise RunSetupError(str(exc)) from exc
-    beside = Path(sys.executable).parent / "execgate-wrapper"
-    found = beside if beside.exists() else shutil.which("execgate-wrapper")
-    if not found:
-        raise RunSetupError("the Python wrapper `execgate-wrapper` is not installed next to this interpreter")
-    return Path(found).absolute()
-
-
-def shell_honours_exec_wrapper(shell: str) -> bool:
-    """True if ``shell`` runs ``EXEC_WRAPPER FILE ARGV…`` instead of exec'ing FILE itself (Codex's
-    patched bash and zsh do; stock shells do not, and would run everything unchecked)."""
-    import subprocess
-
-    env = {"PATH": os.environ.get("PATH", os.defpath), "EXEC_WRAPPER": "/bin/echo"}
-    try:
-        done = subprocess.run([shell, "-c", "/bin/true execgate-probe"], env=env, capture_output=True,
-                              timeout=10, check=False, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return b"execgate-probe" in done.stdout
-
-
-def interception_env(kind: str, wrapper: Path, shell: str) -> tuple[list[str], object]:
-    """Paths the sandbox must keep visible, and the server's ``extra_env`` hook.
-
-    Raises:
-        RunSetupError: ``exec-wrapper`` with a shell that does not honour ``EXEC_WRAPPER``.
-    """
-    if kind == "exec-wrapper":
-        if not shell_honours_exec_wrapper(shell):
-            raise RunSetupError(
-                f"--intercept exec-wrapper: {shell} does not honour EXEC_WRAPPER (a stock shell would "
-                "run every command unchecked); use --intercept preload, or a patched shell"
-            )
-        return [str(wrapper.parent)], None
-    from execgate.wrapper.artifacts import NativeArtifactMissing, preload_library_path
-    from execgate.wrapper.interception import preload_extra_env
-
-    try:
-        shim = preload_library_path()
-        extra_env = preload_extra_env(wrapper, base_ld_preload=os.environ.get("LD_PRELOAD") or None)
-    except NativeArtifactMissing as exc:
-        raise RunSetupError(str(exc)) from exc
-    return [str(wrapper.parent), str(shim.parent)], extra_env
-
-
-#: Why the embedded service denies prompts when the shell is not sandboxed.
-NO_SANDBOX_PROMPTS = (
-    "prompt denied: without a sandbox (--sandbox none) the shell has your full power and could answer "
-    "its own prompt; use --sandbox bwrap, or --policy with a policy service whose approver the session "
-    "cannot reach"
-)
-
-
-@dataclass(frozen=True)
-class PolicyEndpoint:
-    """The decision endpoint ``execgate run`` talks to, and the token for it (None: none)."""
-
-    address: str
-    token: str | None
-
-
-def make_undumpable() -> None:
-    """``prctl(PR_SET_DUMPABLE, 0)``: same-user processes without CAP_SYS_PTRACE can no longer
-    ptrace this process or open its ``/proc/PID/mem``, ``environ`` or ``fd`` (proc(5),
-    ptrace(2) "Ptrace access mode checking"). Reset by execve(2) in children. Best effort: a
-    failure is logged, since the token is still in no file."""
-    import ctypes
-
-    pr_set_dumpable = 4  # <linux/prctl.h>
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
-        logging.getLogger(__name__).warning("prctl(PR_SET_DUMPABLE, 0) failed: errno %d", ctypes.get_errno())
-
-
-@contextlib.asynccontextmanager
-async def policy_address(args: argparse.Namespace, sandboxed: bool = True,
-                         metrics: object = None) -> AsyncIterator[PolicyEndpoint]:
-    """The policy service's endpoint: ``--policy``, or an embedded service for this run.
-
-    Args:
-        sandboxed: False when the shell runs without a sandbox: the embedded service then denies
-            every prompt (:data:`NO_SANDBOX_PROMPTS`).
-        metrics: the embedded service's :class:`~execgate.policy_service.metrics.PolicyMetrics`.
-
-    Raises:
-        RunSetupError: an option that does not fit, or the embedded service cannot start.
-    """
-    if args.policy:
-        if args.audit_log or args.approver_wait is not None:
-            raise RunSetupError("--audit-log and --approver-wait are for the embedded policy service; "
-                                "a running one (--policy) has its own")
-        if not sandboxed and not args.quiet:
-            print("execgate: no sandbox: the shell can do anything your account can; prompts are safe only if "
-                  "the policy service's approver and its credential are out of your account's reach",
-                  file=sys.stderr, flush=True)
-        yield PolicyEndpoint(args.policy, None)
-        return
-    if args.approver_wait is not None and not sandboxed:
-        raise RunSetupError("--approver-wait: without a sandbox the shell could reach the approver and answer "
-                            "its own prompts; use --sandbox bwrap, or --policy with a remote policy service")
-    from execgate.policy_service.rules import RulesError
-    from execgate.policy_service.server import serve_embedded
-
-    make_undumpable()
-    try:
-        embedded = serve_embedded(
-            args.rules, audit_log=args.audit_log, default_rules=not args.no_default_rules,
-            approvals=args.approver_wait is not None,
-            approver_wait_s=args.approver_wait or 0.0, approval_timeout_s=args.approval_timeout,
-            no_approver_reason=None if sandboxed else NO_SANDBOX_PROMPTS, metrics=metrics,  # type: ignore[arg-type]
-        )
-        service = await embedded.__aenter__()
-    except (RulesError, OSError) as exc:
-        raise RunSetupError(f"cannot start the embedded policy service: {exc}") from exc
-    try:
-        if not sandboxed and not args.quiet:
-            print("execgate: no sandbox: prompt rules are denied (the shell could answer its own prompts)",
-                  file=sys.stderr, flush=True)
-        if service.approvals_address is not None:
-            print(f"execgate: approvals: execgate approve --policy {service.approvals_address} "
-                  f"--token-file {service.approvals_token_file}", file=sys.stderr, flush=True)
-        yield PolicyEndpoint(service.address, service.token)
-    finally:
-        await embedded.__aexit__(None, None, None)
-
-
 def _note(text: str) -> None:
     """A session's note for the user, on stderr (where the script's own stderr goes too)."""
-    print(f"execgate: note: {text}", file=sys.stderr, flush=True)
+    from execgate.server.run_stdio import line_end
+
+    print(f"execgate: note: {text}", file=sys.stderr, end=line_end(), flush=True)
 
 
 @dataclass(frozen=True)
@@ -389,7 +234,11 @@ def _plan(args: argparse.Namespace) -> _Plan:
     if shell is None:
         raise RunSetupError(f"--shell {args.shell}: not found")
     labels = parse_labels(args.label)
+    from execgate.server.run_policy import policy_credentials, tls_credentials, token_from_file
+
     token = token_from_file(args.token_file)
+    from execgate.server.run_intercept import choose_seccomp, interception_env, wrapper_path
+
     wrapper = wrapper_path(args.wrapper)
     visible, extra_env = interception_env(args.intercept, wrapper, shell)
     seccomp = choose_seccomp(args.seccomp)
@@ -428,61 +277,6 @@ def choose_containment(mode: str) -> object:
         return choose(mode, fallback="subreaper")
     except ContainmentError as exc:
         raise RunSetupError(f"--containment {mode}: {exc}") from exc
-
-
-def policy_credentials(args: argparse.Namespace) -> list[str]:
-    """Files of a remote policy service that the session must not reach: its Unix socket and the
-    token and TLS key files ``execgate run`` uses (the decision endpoint is the server's, not the
-    session's; docs/DESIGN.md §8). They are covered inside the sandbox (:class:`ShellSandbox`)."""
-    from execgate.policy_service.transport import unix_path
-
-    files = [args.token_file, args.tls_key] if args.policy else []
-    if args.policy:
-        files.append(unix_path(args.policy))
-    return [os.path.abspath(f) for f in files if f]
-
-
-def choose_seccomp(mode: str) -> tuple[str | None, str]:
-    """Resolve ``--seccomp auto|on|off``: the launcher to use (None: no backstop) and a note
-    ("seccomp backstop: on" / "off (why)") for the user.
-
-    Raises:
-        RunSetupError: ``on`` and the backstop cannot work here.
-    """
-    import subprocess
-
-    from execgate.wrapper.artifacts import NativeArtifactMissing, seccomp_launcher_path
-
-    if mode == "off":
-        return None, "seccomp backstop: off (--seccomp off)"
-    try:
-        launcher = str(seccomp_launcher_path())
-        done = subprocess.run([launcher, "--probe"], capture_output=True, text=True, timeout=10, check=False)
-        reason = None if done.returncode == 0 else (done.stderr.strip() or f"probe status {done.returncode}")
-    except (NativeArtifactMissing, OSError, subprocess.TimeoutExpired) as exc:
-        launcher, reason = "", str(exc)
-    if reason is None:
-        return launcher, "seccomp backstop: on"
-    if mode == "on":
-        raise RunSetupError(f"--seccomp on: {reason}")
-    return None, f"seccomp backstop: off ({reason})"
-
-
-
-def tls_credentials(args: argparse.Namespace) -> object:
-    """gRPC channel credentials for ``--policy`` from the --tls* options, or None for plaintext.
-
-    Raises:
-        RunSetupError: TLS without a TCP ``--policy``, or a PEM file that cannot be read.
-    """
-    if not args.policy and (args.tls or args.tls_ca or args.tls_cert or args.tls_key):
-        raise RunSetupError("--tls* options need --policy HOST:PORT")
-    from execgate.policy_service.transport import AddressError, client_credentials
-
-    try:
-        return client_credentials(args.policy or "", args)
-    except (AddressError, OSError) as exc:
-        raise RunSetupError(f"--tls: {exc}") from exc
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -551,28 +345,17 @@ async def _run_session(args: argparse.Namespace, plan: _Plan) -> int:
 
 
 async def _run_gated(args: argparse.Namespace, plan: _Plan, telemetry) -> int:
-    from execgate.server.escalate_server import DEFAULT_MAX_CAPTURE, EscalateServer
     from execgate.server.grpc_policy import GrpcPolicy
-    from execgate.server.output import StdioWriter, same_file
+    from execgate.server.run_policy import policy_address
+    from execgate.server.run_stdio import script_stdio
 
     sandboxed = getattr(plan.sandbox, "mode", "none") != "none"
     async with policy_address(args, sandboxed, telemetry.service) as endpoint:
         token = plan.token if args.policy else endpoint.token
         policy = GrpcPolicy(endpoint.address, token=token, tls=plan.tls, metrics=telemetry.client)  # type: ignore[arg-type]
         try:
-            server = EscalateServer(plan.shell, str(plan.wrapper), policy, launcher=plan.sandbox,  # type: ignore[arg-type]
-                                    extra_env=plan.extra_env,  # type: ignore[arg-type]
-                                    seccomp_launcher=plan.seccomp[0], on_note=_note,
-                                    containment=plan.containment)  # type: ignore[arg-type]
-            # Streaming holds nothing (max_capture 0): chunks go straight to our stdout/stderr,
-            # through one pipe when those are one terminal or file (`2>&1`), to keep their order.
-            cap = (DEFAULT_MAX_CAPTURE if args.max_capture is None else args.max_capture) if args.json else 0
-            result = await server.exec(
-                script_text(args.script), plan.workdir, timeout_s=args.timeout, login=args.login,
-                env={**os.environ, **plan.home.env},  # type: ignore[attr-defined]
-                on_output=None if args.json else StdioWriter(), labels=plan.labels, max_capture=cap,
-                stderr_to_stdout=not args.json and same_file(1, 2),
-            )
+            async with script_stdio(args, endpoint.broker) as stdio:
+                result, cap = await _exec_script(args, plan, policy, stdio)
         finally:
             await policy.aclose()
     if args.json:
@@ -580,6 +363,32 @@ async def _run_gated(args: argparse.Namespace, plan: _Plan, telemetry) -> int:
     elif result.timed_out:
         print(f"execgate: timed out after {args.timeout:g} s; killed everything the script started", file=sys.stderr)
     return result.exit_code
+
+
+async def _exec_script(args: argparse.Namespace, plan: _Plan, policy: object, stdio) -> tuple[object, int]:
+    """Run the script in a session wired as ``stdio`` (:class:`~execgate.server.run_stdio.ScriptStdio`);
+    returns the :class:`ExecResult` and the capture cap used."""
+    from execgate.server.escalate_server import DEFAULT_MAX_CAPTURE, EscalateServer
+    from execgate.wrapper.artifacts import NativeArtifactMissing, ctty_launcher_path
+
+    try:
+        ctty = str(ctty_launcher_path()) if stdio.ctty else None
+    except NativeArtifactMissing as exc:
+        raise RunSetupError(str(exc)) from exc
+    server = EscalateServer(plan.shell, str(plan.wrapper), policy, launcher=plan.sandbox,  # type: ignore[arg-type]
+                            extra_env=plan.extra_env,  # type: ignore[arg-type]
+                            seccomp_launcher=plan.seccomp[0], on_note=_note, ctty_launcher=ctty,
+                            containment=plan.containment)  # type: ignore[arg-type]
+    # Streaming holds nothing (max_capture 0): chunks go straight to our stdout/stderr (or the
+    # pty's to the terminal), through one pipe when those are one terminal or file (`2>&1`).
+    cap = (DEFAULT_MAX_CAPTURE if args.max_capture is None else args.max_capture) if args.json else 0
+    result = await server.exec(
+        script_text(args.script), plan.workdir, timeout_s=args.timeout, login=args.login,
+        env={**os.environ, **plan.home.env},  # type: ignore[attr-defined]
+        on_output=stdio.on_output, labels=plan.labels, max_capture=cap,
+        stderr_to_stdout=stdio.stderr_to_stdout, stdio=stdio.stdio, ctty=stdio.ctty,
+    )
+    return result, cap
 
 
 def print_json_result(result: object, cap: int) -> None:

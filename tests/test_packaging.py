@@ -34,6 +34,7 @@ def test_wheel_has_a_manylinux_tag_types_and_license(dist):
     assert "execgate/wrapper/libexecgate_preload.so" in names
     assert "execgate/wrapper/execgate-wrapper-native" in names
     assert "execgate/wrapper/execgate-contain" in names
+    assert "execgate/wrapper/execgate-ctty" in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     metadata = next(zipfile.ZipFile(wheels[0]).read(n) for n in names if n.endswith(".dist-info/METADATA"))
     assert b"License-Expression: Apache-2.0" in metadata

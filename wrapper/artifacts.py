@@ -3,7 +3,7 @@
 ``pip install`` (and ``pip install -e``) compile, next to this module (see ``setup.py``): the
 LD_PRELOAD shim ``libexecgate_preload.so``, the native execve wrapper ``execgate-wrapper-native``,
 the seccomp backstop's launcher ``execgate-seccomp-launch`` (x86_64), the containment helper
-``execgate-contain`` and the shim once per ABI under
+``execgate-contain``, the controlling-terminal launcher ``execgate-ctty`` and the shim once per ABI under
 ``preload/<what ld.so expands $LIB to>/`` (x86_64, and i386 where gcc-multilib is present). All are
 platform-specific; the sources are in ``native/``.
 """
@@ -21,6 +21,8 @@ NATIVE_WRAPPER_NAME = "execgate-wrapper-native"
 SECCOMP_LAUNCHER_NAME = "execgate-seccomp-launch"
 #: File name of the containment helper (built from ``native/contain_exec.c``; server/containment.py).
 CONTAIN_HELPER_NAME = "execgate-contain"
+#: File name of the launcher that makes a session's pty its shell's controlling terminal (``native/ctty.c``).
+CTTY_LAUNCHER_NAME = "execgate-ctty"
 #: Directory of the per-ABI shims; ``$LIB`` (ld.so(8), "Dynamic string tokens") picks one.
 PER_ABI_DIR = "preload"
 
@@ -76,6 +78,15 @@ def contain_helper_path() -> Path:
         NativeArtifactMissing: not built (no C compiler).
     """
     return _find(CONTAIN_HELPER_NAME, executable=True)
+
+
+def ctty_launcher_path() -> Path:
+    """Absolute path of the ``execgate-ctty`` executable.
+
+    Raises:
+        NativeArtifactMissing: not built (no C compiler).
+    """
+    return _find(CTTY_LAUNCHER_NAME, executable=True)
 
 
 def preload_ld_value() -> str:

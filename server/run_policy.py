@@ -1,0 +1,156 @@
+"""How ``execgate run`` reaches its policy service (docs/DESIGN.md §4, §8).
+
+Either a running one (``--policy``, with ``--token-file`` and the ``--tls*`` files, which the
+session's sandbox covers: :func:`policy_credentials`) or an embedded one on a private Unix socket
+(:func:`policy_address`). The embedded decision endpoint needs a per-run token held only in this
+process's memory, and the process makes itself non-dumpable (``PR_SET_DUMPABLE`` 0, prctl(2)) so
+that a process of the same user without ``CAP_SYS_PTRACE`` cannot read that memory through
+``/proc/PID/mem``. Its approvals: the broker itself for an approver in this process (the terminal
+approver, :mod:`execgate.server.run_stdio`), and an approvals endpoint only with
+``--approver-wait``, whose ``execgate approve`` command is printed (socket and 0600 token file in
+the service's private directory under ``/tmp``, which no bwrap sandbox sees). With no sandbox
+(``--sandbox none``, or ``auto`` without bubblewrap) the shell has the user's full power and could
+reach any approver of this process: the embedded service then denies every prompt, naming the
+fix, and ``--approver-wait`` is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from execgate.server.run_cmd import RunSetupError
+
+
+def token_from_file(path: str | None) -> str | None:
+    """``--token-file``'s token (see :func:`execgate.policy_service.transport.read_token`).
+
+    Raises:
+        RunSetupError: the file cannot be read or is empty.
+    """
+    from execgate.policy_service.transport import read_token
+
+    try:
+        return read_token(path)
+    except OSError as exc:
+        raise RunSetupError(f"--token-file {path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise RunSetupError(f"--token-file: {exc}") from exc
+
+
+
+#: Why the embedded service denies prompts when the shell is not sandboxed.
+NO_SANDBOX_PROMPTS = (
+    "prompt denied: without a sandbox (--sandbox none) the shell has your full power and could answer "
+    "its own prompt; use --sandbox bwrap, or --policy with a policy service whose approver the session "
+    "cannot reach"
+)
+
+
+@dataclass(frozen=True)
+class PolicyEndpoint:
+    """The decision endpoint ``execgate run`` talks to, and the token for it (None: none)."""
+
+    address: str
+    token: str | None
+    broker: object = None  # the embedded service's ApprovalBroker for an in-process approver, or None
+
+
+def make_undumpable() -> None:
+    """``prctl(PR_SET_DUMPABLE, 0)``: same-user processes without CAP_SYS_PTRACE can no longer
+    ptrace this process or open its ``/proc/PID/mem``, ``environ`` or ``fd`` (proc(5),
+    ptrace(2) "Ptrace access mode checking"). Reset by execve(2) in children. Best effort: a
+    failure is logged, since the token is still in no file."""
+    import ctypes
+
+    pr_set_dumpable = 4  # <linux/prctl.h>
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
+        logging.getLogger(__name__).warning("prctl(PR_SET_DUMPABLE, 0) failed: errno %d", ctypes.get_errno())
+
+
+@contextlib.asynccontextmanager
+async def policy_address(args: argparse.Namespace, sandboxed: bool = True,
+                         metrics: object = None) -> AsyncIterator[PolicyEndpoint]:
+    """The policy service's endpoint: ``--policy``, or an embedded service for this run.
+
+    Args:
+        sandboxed: False when the shell runs without a sandbox: the embedded service then denies
+            every prompt (:data:`NO_SANDBOX_PROMPTS`).
+        metrics: the embedded service's :class:`~execgate.policy_service.metrics.PolicyMetrics`.
+
+    Raises:
+        RunSetupError: an option that does not fit, or the embedded service cannot start.
+    """
+    if args.policy:
+        if args.audit_log or args.approver_wait is not None:
+            raise RunSetupError("--audit-log and --approver-wait are for the embedded policy service; "
+                                "a running one (--policy) has its own")
+        if not sandboxed and not args.quiet:
+            print("execgate: no sandbox: the shell can do anything your account can; prompts are safe only if "
+                  "the policy service's approver and its credential are out of your account's reach",
+                  file=sys.stderr, flush=True)
+        yield PolicyEndpoint(args.policy, None)
+        return
+    if args.approver_wait is not None and not sandboxed:
+        raise RunSetupError("--approver-wait: without a sandbox the shell could reach the approver and answer "
+                            "its own prompts; use --sandbox bwrap, or --policy with a remote policy service")
+    from execgate.policy_service.rules import RulesError
+    from execgate.policy_service.server import serve_embedded
+
+    make_undumpable()
+    try:
+        embedded = serve_embedded(
+            args.rules, audit_log=args.audit_log, default_rules=not args.no_default_rules,
+            approvals=args.approver_wait is not None,
+            approver_wait_s=args.approver_wait or 0.0, approval_timeout_s=args.approval_timeout,
+            no_approver_reason=None if sandboxed else NO_SANDBOX_PROMPTS, metrics=metrics,  # type: ignore[arg-type]
+        )
+        service = await embedded.__aenter__()
+    except (RulesError, OSError) as exc:
+        raise RunSetupError(f"cannot start the embedded policy service: {exc}") from exc
+    try:
+        if not sandboxed and not args.quiet:
+            print("execgate: no sandbox: prompt rules are denied (the shell could answer its own prompts)",
+                  file=sys.stderr, flush=True)
+        if service.approvals_address is not None:
+            print(f"execgate: approvals: execgate approve --policy {service.approvals_address} "
+                  f"--token-file {service.approvals_token_file}", file=sys.stderr, flush=True)
+        yield PolicyEndpoint(service.address, service.token, service.broker if sandboxed else None)
+    finally:
+        await embedded.__aexit__(None, None, None)
+
+
+
+def policy_credentials(args: argparse.Namespace) -> list[str]:
+    """Files of a remote policy service that the session must not reach: its Unix socket and the
+    token and TLS key files ``execgate run`` uses (the decision endpoint is the server's, not the
+    session's; docs/DESIGN.md §8). They are covered inside the sandbox (:class:`ShellSandbox`)."""
+    from execgate.policy_service.transport import unix_path
+
+    files = [args.token_file, args.tls_key] if args.policy else []
+    if args.policy:
+        files.append(unix_path(args.policy))
+    return [os.path.abspath(f) for f in files if f]
+
+
+
+def tls_credentials(args: argparse.Namespace) -> object:
+    """gRPC channel credentials for ``--policy`` from the --tls* options, or None for plaintext.
+
+    Raises:
+        RunSetupError: TLS without a TCP ``--policy``, or a PEM file that cannot be read.
+    """
+    if not args.policy and (args.tls or args.tls_ca or args.tls_cert or args.tls_key):
+        raise RunSetupError("--tls* options need --policy HOST:PORT")
+    from execgate.policy_service.transport import AddressError, client_credentials
+
+    try:
+        return client_credentials(args.policy or "", args)
+    except (AddressError, OSError) as exc:
+        raise RunSetupError(f"--tls: {exc}") from exc
