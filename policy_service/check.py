@@ -25,7 +25,8 @@ import shutil
 import sys
 from typing import Any, TextIO
 
-from execgate.server.policy import Execution
+from execgate.server.identity import identify
+from execgate.server.policy import Execution, FileIdentity
 
 from .rules_engine import RuleSet
 from .rules_model import DECISIONS, Evaluation, Rule, RulesError
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
         print(f"execgate policy check: {argv[0]}: not found on PATH (give an absolute path)",
               file=err)
         return 2
-    evaluation = rules.evaluate(program, argv)
+    evaluation = rules.evaluate(program, argv, local_identity(program))
     if args.json:
         report = evaluation_to_json(program, argv, evaluation)
         report["rules_files"] = [str(p) for p in rules.sources]
@@ -84,6 +85,17 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
         out.write(f"rules:    {describe_paths(paths)}\n")
         out.write(format_text(program, argv, evaluation))
     return 0
+
+
+#: The caller ``policy check`` judges trust for: an unprivileged one (nobody), as most sessions run.
+CHECK_CALLER_UID = 65534
+
+
+def local_identity(program: str) -> FileIdentity | None:
+    """The facts an escalation server would send for ``program`` seen in this process's own
+    filesystem view by an unprivileged caller (:data:`CHECK_CALLER_UID`; a root session's trust is
+    narrower: nothing on a read-write mount), or None if it does not resolve here."""
+    return identify(program, pid=os.getpid(), uid=CHECK_CALLER_UID)
 
 
 def resolve_program(name: str) -> str | None:

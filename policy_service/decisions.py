@@ -20,7 +20,7 @@ from typing import Awaitable, Callable, Mapping, NamedTuple, Protocol, Sequence
 from execgate.policy_service.approvals import ApprovalBroker
 from execgate.policy_service.audit import AuditLog, AuditRecord
 from execgate.policy_service.envclean import clean_env
-from execgate.server.policy import Decision, Execution, Permissions, PreparedExec, SessionContext
+from execgate.server.policy import Decision, Execution, FileIdentity, Permissions, PreparedExec, SessionContext
 from execgate.server.sandbox import bwrap_argv, find_bwrap, unsafe_workdir, visible_inside
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class _Evaluation(Protocol):
 
 
 class _RuleSet(Protocol):
-    def evaluate(self, program: str, argv: Sequence[str]) -> _Evaluation: ...
+    def evaluate(self, program: str, argv: Sequence[str], identity: FileIdentity | None = None) -> _Evaluation: ...
 
 
 class RulesSource(Protocol):
@@ -105,6 +105,7 @@ class DecisionService:
         budget_s: float | None = None,
         on_prompt: PromptHook | None = None,
         env: Mapping[str, str] | None = None,
+        identity: FileIdentity | None = None,
     ) -> Decided:
         """Decide one exec (``program`` absolute, ``argv`` non-empty) and audit it.
 
@@ -113,15 +114,17 @@ class DecisionService:
             on_prompt: awaited before waiting for an approver, with the wait in seconds.
             env: the caller's environment; a prompt shows the approver the part of it that
                 :meth:`prepare` would give the command (and a session grant covers only that).
+            identity: the escalation server's facts about the file (``ExecTarget.identity``), or
+                None; the rules judge trust from them alone (:meth:`RuleSet.is_trusted`).
 
         Returns:
             The Decision (with a fresh ``decision_id`` and a ``reason`` for every action) and the
             approver who resolved a prompt ("" if none; for a grant, who granted it).
         """
         started = time.monotonic()
-        # A worker thread: evaluation may stat and realpath the program's path (trust checks),
-        # which must not hold up the event loop serving every other session.
-        evaluation = await asyncio.to_thread(self.rules.current.evaluate, program, argv)
+        # A worker thread: evaluation of many rules must not hold up the event loop serving every
+        # other session (it no longer touches the filesystem: trust comes from ``identity``).
+        evaluation = await asyncio.to_thread(self.rules.current.evaluate, program, argv, identity)
         rule_id = getattr(evaluation.rule, "id", "") or ""
         reason = evaluation.reason or ""
         execution = evaluation.execution or Execution()
@@ -214,8 +217,10 @@ class DecisionService:
         workdir: str,
         env: Mapping[str, str],
         execution: Execution,
+        identity: FileIdentity | None = None,
     ) -> PreparedExec:
-        """Build exactly what the server spawns for an escalated exec.
+        """Build exactly what the server spawns for an escalated exec (``identity`` as for
+        :meth:`decide`: it decides whether a basename rule's ``allow_env`` applies).
 
         ``unsandboxed`` (and ``session_default`` for a session with no sandbox) gives
         ``[program, *argv[1:]]`` with ``arg0 = argv[0]``; a profile gives a bwrap command line
@@ -232,7 +237,7 @@ class DecisionService:
             SandboxError: the bwrap command line cannot be built (see ``bwrap_argv``).
         """
         _check_workdir(session, workdir)
-        allow = self.rules.current.evaluate(program, argv).allow_env
+        allow = self.rules.current.evaluate(program, argv, identity).allow_env
         cleaned = clean_env(env, allow)
         profile = _profile(execution, session, workdir)
         if profile is None:

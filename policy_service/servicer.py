@@ -85,6 +85,7 @@ class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
             check_bounds(request.session, request.target)
             session = codec.session_from_pb(request.session)
             program, argv, workdir = codec.target_from_pb(request.target)
+            identity = codec.identity_from_pb(request.target)
         except codec.CodecError as exc:
             await _invalid(context, exc)
 
@@ -94,7 +95,7 @@ class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
         try:
             decision, approver = await self.decisions.decide(
                 session, program, argv, workdir, budget_s=context.time_remaining(), on_prompt=on_prompt,
-                env=dict(request.env),
+                env=dict(request.env), identity=identity,
             )
         except Exception as exc:  # a rules-engine bug must reach the client as INTERNAL, not UNKNOWN
             await _internal(context, "DetermineAction", exc)
@@ -112,12 +113,13 @@ class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
             if not request.HasField("execution"):
                 raise codec.CodecError("execution is required")
             execution = codec.execution_from_pb(request.execution)
+            identity = codec.identity_from_pb(request.target)
         except codec.CodecError as exc:
             await _invalid(context, exc)
         try:
-            # In a worker thread: prepare evaluates the rules, which may stat the program's path.
+            # In a worker thread: prepare evaluates the rules and builds a sandbox command line.
             prepared = await asyncio.to_thread(
-                self.decisions.prepare, session, program, argv, workdir, dict(request.env), execution
+                self.decisions.prepare, session, program, argv, workdir, dict(request.env), execution, identity
             )
         except Exception as exc:
             await _internal(context, "PrepareEscalatedExec", exc)

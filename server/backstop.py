@@ -13,8 +13,10 @@ each notification on the event loop (``loop.add_reader``):
   asks the server itself;
 * an exec that the wrapper makes of a target the server has just approved for that process
   (:meth:`Backstop.expect`, called by the per-exec handler on Run, keyed by the wrapper's
-  ``SO_PEERCRED`` pid) continues without a second decision, if the program (path, or device and
-  inode) and argv are exactly those approved;
+  ``SO_PEERCRED`` pid) continues without a second decision, if the program and argv are exactly
+  those approved: the very file the server identified (device and inode; the wrapper's
+  ``execveat(fd, "", …, AT_EMPTY_PATH)`` of its target fd is seen as ``/proc/PID/fd/N``, whose
+  stat is that file), else the same path or the file at it;
 * any other exec is decided by the policy: Run → ``CONTINUE``; Deny → ``EACCES`` and
   ``Execution denied: <reason>`` on the caller's stderr; Escalate → cannot be done in place: also
   ``EACCES``, with a reason saying to run it through the session's shell.
@@ -43,7 +45,8 @@ from typing import Sequence
 from execgate.server import protocol as p
 from execgate.server import seccomp_notify as sn
 from execgate.server.fdpass import close_fds, recv_datagram
-from execgate.server.policy import Decision, Policy, SessionContext
+from execgate.server.identity import identify
+from execgate.server.policy import Decision, FileIdentity, Policy, SessionContext
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,7 @@ MAX_ARGS = 65536
 class _Expected:
     program: str
     argv: tuple[bytes, ...]
+    ident: tuple[int, int] | None  # (st_dev, st_ino) of the file the server identified, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +73,7 @@ class _Exec:
     argv: list[bytes]
     workdir: str
     ident: tuple[int, int] | None  # (st_dev, st_ino) of the file, if it could be stat'ed
+    fd_link: str | None = None  # /proc/PID/fd/N for an execveat(N, "", AT_EMPTY_PATH)
 
 
 class Unnamed(ValueError):
@@ -118,12 +123,19 @@ class Backstop:
             os.close(self.client_fd)
             self.client_fd = -1
 
-    def expect(self, pid: int, program: str, argv: Sequence[str]) -> None:
+    def expect(self, pid: int, program: str, argv: Sequence[str], ident: tuple[int, int] | None = None) -> None:
         """Record that process ``pid`` (server's pid namespace) was told Run for ``program`` (absolute)
-        with ``argv`` (wire strings): its next exec, if exactly that, continues undecided."""
+        with ``argv`` (wire strings): its next exec, if exactly that, continues undecided.
+
+        Args:
+            ident: ``(st_dev, st_ino)`` of the file the server identified for the request (the
+                wrapper's target fd, :mod:`execgate.server.identity`), or None. When given, the
+                exec must be of that very file, however it is named: the wrapper's
+                ``execveat(fd, "", …, AT_EMPTY_PATH)`` is seen as ``/proc/PID/fd/N``.
+        """
         if len(self._expected) >= MAX_EXPECTED:
             self._expected.pop(next(iter(self._expected)))  # the oldest: its wrapper never exec'd
-        self._expected[pid] = _Expected(program, tuple(p.wire_bytes(a) for a in argv))
+        self._expected[pid] = _Expected(program, tuple(p.wire_bytes(a) for a in argv), ident)
 
     async def serve(self) -> None:
         """Take the launcher's listener and serve it until :meth:`close`. Never raises but for
@@ -247,7 +259,8 @@ class Backstop:
         program, ident = _locate(proc, os.fsdecode(path), dirfd, flags, workdir)
         if not sn.id_valid(self._listener, notif.id):
             raise sn.NotificationGone
-        return _Exec(notif.pid, tgid, program, argv, workdir, ident)
+        fd_link = f"{proc}/fd/{dirfd}" if not path and flags & sn.AT_EMPTY_PATH else None
+        return _Exec(notif.pid, tgid, program, argv, workdir, ident, fd_link)
 
     def _undecided(self, tid: int, exe: _Exec) -> bool:
         """True for the execs that continue without a decision (see the module docstring)."""
@@ -260,6 +273,8 @@ class Backstop:
             return True
         if expected is None or tuple(exe.argv) != expected.argv:
             return False
+        if expected.ident is not None:  # identified by the server: that very file, by any name
+            return exe.ident == expected.ident
         if exe.program == expected.program:
             return True
         return exe.ident is not None and exe.ident == _ident(f"/proc/{tid}/root{expected.program}")
@@ -268,7 +283,10 @@ class Backstop:
         """Ask the policy; returns 0 (Run) or the errno the exec fails with."""
         argv = [os.fsdecode(a) for a in exe.argv]
         try:
-            decision = await self.policy.determine_action(exe.program, argv, exe.workdir, self.context)
+            extra = {}
+            if getattr(self.policy, "accepts_identity", False):  # Policy doc: the facts trust rests on
+                extra["identity"] = await asyncio.to_thread(_identify_exec, exe)
+            decision = await self.policy.determine_action(exe.program, argv, exe.workdir, self.context, **extra)
         except Exception as exc:  # fail closed
             log.error("session %s: policy failed for %s: %r", self.context.session_id, exe.program, exc)
             decision = Decision.deny(f"policy error: {exc}")
@@ -305,6 +323,34 @@ class Backstop:
             log.info("session %s: denial not shown to pid %d: %s", self.context.session_id, tgid, exc)
         finally:
             os.close(pidfd)
+
+
+def _identify_exec(exe: _Exec) -> FileIdentity | None:
+    """The notified exec's file, identified in the caller's view (:mod:`execgate.server.identity`):
+    by the very fd for ``execveat(fd, "", AT_EMPTY_PATH)`` (reopened ``O_PATH`` through
+    ``/proc/PID/fd/N``, proc(5)), else by its path. Runs in a worker thread; None on failure."""
+    try:
+        uid = _uid(f"/proc/{exe.tgid}")
+        fd = None if exe.fd_link is None else os.open(exe.fd_link, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return identify(exe.program, pid=exe.tgid, uid=uid, fd=fd)
+    except OSError:
+        return None
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _uid(proc: str) -> int:
+    """The effective uid of the process at ``proc`` (``Uid:`` of /proc/PID/status, proc(5)), as
+    ``SO_PEERCRED`` reports a wrapper's."""
+    with open(f"{proc}/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"Uid:"):
+                return int(line.split()[2])
+    raise OSError(errno.ESRCH, "no Uid")
 
 
 def _ident(path: str) -> tuple[int, int] | None:

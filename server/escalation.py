@@ -20,7 +20,9 @@ from typing import Any, Callable
 
 from execgate.server import protocol as p
 from execgate.server.fdpass import PeerClosedError, close_fds, recv_frame, send_frame
-from execgate.server.policy import Decision, Execution, Policy, PolicyError, PreparedExec, SessionContext
+from execgate.server.identity import identify, peer_cred
+from execgate.server.policy import (Decision, Execution, FileIdentity, Policy, PolicyError, PreparedExec,
+                                    SessionContext)
 from execgate.server.spawn import DEFAULT_KILL_GRACE_S, ChildProcess, spawn
 
 log = logging.getLogger(__name__)
@@ -79,30 +81,33 @@ async def handle_connection(
     context: SessionContext,
     limits: Limits,
     on_spawn: Callable[[ChildProcess], None],
-    on_run: Callable[[str, list[str]], None] | None = None,
+    on_run: Callable[[str, list[str], tuple[int, int] | None], None] | None = None,
 ) -> None:
     """Serve one exec on ``conn`` (non-blocking stream socket, owned and closed here).
 
     Args:
         on_spawn: called with each escalated child right after it starts, so that the session can
             kill its process group when the session closes.
-        on_run: called with the program (absolute) and argv just before a Run answer is sent
-            (the seccomp backstop lets the wrapper's exec of exactly that through undecided).
+        on_run: called with the program (absolute), argv and the identified file's
+            ``(st_dev, st_ino)`` (or None) just before a Run answer is sent (the seccomp backstop
+            lets the wrapper's exec of exactly that through undecided).
 
     Never raises for peer errors (they are logged); propagates cancellation.
     """
     try:
-        async with asyncio.timeout(limits.request_timeout_s):
-            payload, _ = await recv_frame(conn, max_bytes=limits.max_frame_bytes, max_fds=0)
-        request = p.EscalateRequest.from_obj(p.decode_json(payload))
-        program = resolve_program(request.file, request.workdir)
-        decision = await _decide(policy, program, request, context)
+        request, program, identity = await _read_request(conn, limits)
+        decision = await _decide(policy, program, request, context, identity)
+        if decision.action == "escalate" and identity is not None and not identity.same_for_server:
+            decision = Decision.deny(
+                f"{program} is not the same file outside the sandbox (where an escalated command "
+                f"runs) as the one the caller would run ({identity.real_path or 'unnamed'})",
+                rule_id=decision.rule_id, decision_id=decision.decision_id)
         if decision.action == "run":
             if on_run is not None:
-                on_run(program, list(request.argv))
+                on_run(program, list(request.argv), None if identity is None else (identity.device, identity.inode))
             await _send(conn, p.EscalateResponse("Run"))
         elif decision.action == "escalate":
-            await _escalate(conn, policy, program, request, decision, context, limits, on_spawn)
+            await _escalate(conn, policy, program, request, decision, context, limits, on_spawn, identity)
         else:
             await _send(conn, p.EscalateResponse("Deny", reason=decision.reason))
     except p.BoundsError as exc:  # a ProtocolError, but one the caller should read
@@ -121,6 +126,53 @@ async def handle_connection(
         conn.close()
 
 
+async def _read_request(conn: socket.socket, limits: Limits) -> tuple[p.EscalateRequest, str, FileIdentity | None]:
+    """Read the request frame and identify its target in the caller's view.
+
+    Returns:
+        ``(request, program, identity)``: ``program`` is ``file`` resolved lexically against
+        ``workdir`` (what the policy names and an escalation spawns); ``identity`` the facts of
+        :func:`execgate.server.identity.identify`, or None.
+
+    Raises:
+        TimeoutError: no frame within ``limits.request_timeout_s``.
+        ProtocolError, BoundsError, OSError: as :func:`recv_frame` and ``EscalateRequest.from_obj``;
+            also a target-fd field without exactly one fd, or an fd without the field.
+
+    Fds: the target fd received (at most one) is closed here, in every case.
+    """
+    async with asyncio.timeout(limits.request_timeout_s):
+        payload, fds = await recv_frame(conn, max_bytes=limits.max_frame_bytes, max_fds=1)
+    try:
+        request = p.EscalateRequest.from_obj(p.decode_json(payload))
+        if request.target_fd != (len(fds) == 1):
+            raise p.ProtocolError(f"request has {p.TARGET_FD_EXTENSION_FIELD}={request.target_fd} "
+                                  f"but {len(fds)} fds attached")
+        program = resolve_program(request.file, request.workdir)
+        peer = peer_cred(conn)
+        owned = os.dup(fds[0]) if fds else None  # the worker thread closes its own copy
+    finally:
+        close_fds(fds)
+    if peer is None:
+        close_fds([] if owned is None else [owned])
+        return request, program, None
+    identity = await asyncio.to_thread(_identify_owned, program, peer, owned)
+    return request, program, identity
+
+
+def _identify_owned(program: str, peer: tuple[int, int], fd: int | None) -> FileIdentity | None:
+    """:func:`identify` in a worker thread; closes ``fd`` (owned) when done, even if the awaiting
+    task was cancelled meanwhile. Never raises for filesystem errors (None: nothing identified)."""
+    try:
+        return identify(program, pid=peer[0], uid=peer[1], fd=fd)
+    except OSError as exc:
+        log.info("identifying %s for pid %d failed: %s", program, peer[0], exc)
+        return None
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 async def _send(conn: socket.socket, message: Any) -> None:
     await send_frame(conn, message.to_json())
 
@@ -135,10 +187,17 @@ async def _refuse(conn: socket.socket, exc: p.BoundsError, context: SessionConte
         log.info("session %s: could not send the refusal: %s", context.session_id, send_exc)
 
 
-async def _decide(policy: Policy, program: str, request: p.EscalateRequest, context: SessionContext) -> Decision:
+def _identity_kw(policy: Policy, identity: FileIdentity | None) -> dict[str, Any]:
+    """``{"identity": ...}`` for a policy that opts in (``accepts_identity``, Policy doc), else {}."""
+    return {"identity": identity} if getattr(policy, "accepts_identity", False) else {}
+
+
+async def _decide(policy: Policy, program: str, request: p.EscalateRequest, context: SessionContext,
+                  identity: FileIdentity | None = None) -> Decision:
     try:
         # Opt-in (Policy doc): the environment lets a prompt show the approver what reaches the command.
         env = {"env": dict(request.env)} if getattr(policy, "accepts_env", False) else {}
+        env.update(_identity_kw(policy, identity))
         decision = await policy.determine_action(program, list(request.argv), request.workdir, context, **env)
     except Exception as exc:  # fail closed: any policy failure is a Deny naming the cause
         log.error("session %s: policy failed for %s: %r", context.session_id, program, exc)
@@ -158,11 +217,13 @@ async def _escalate(
     context: SessionContext,
     limits: Limits,
     on_spawn: Callable[[ChildProcess], None],
+    identity: FileIdentity | None = None,
 ) -> None:
     execution = decision.execution or Execution()
     try:
         prepared = await policy.prepare_escalated_exec(
-            program, list(request.argv), request.workdir, dict(request.env), execution, context
+            program, list(request.argv), request.workdir, dict(request.env), execution, context,
+            **_identity_kw(policy, identity),
         )
         if not isinstance(prepared, PreparedExec) or not prepared.command:
             raise ValueError(f"malformed prepared exec {prepared!r}")

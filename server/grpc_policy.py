@@ -32,7 +32,7 @@ from typing import Any, Mapping, Sequence
 import grpc
 
 from execgate.server import policy_codec as codec
-from execgate.server.policy import Decision, Execution, PolicyError, PreparedExec, SessionContext
+from execgate.server.policy import Decision, Execution, FileIdentity, PolicyError, PreparedExec, SessionContext
 from execgate.v1 import policy_pb2 as pb
 from execgate.v1 import policy_pb2_grpc
 
@@ -162,21 +162,25 @@ class GrpcPolicy:
     #: The escalation server passes the caller's environment (shown to approvers of a prompt).
     accepts_env = True
 
+    #: The escalation server passes what it identified of the file (``ExecTarget.identity``).
+    accepts_identity = True
+
     async def determine_action(
         self, program: str, argv: Sequence[str], workdir: str, session: SessionContext,
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None, identity: FileIdentity | None = None,
     ) -> Decision:
         """Ask the service to decide one exec; never raises except on cancellation.
 
         Args:
             env: the caller's environment, or None; sent so that a prompt shows the approver
                 the variables that would reach the command.
+            identity: the server's facts about the file (``ExecTarget.identity``), or None.
 
         Returns:
             The service's decision, or ``Decision.deny(reason, error=True)`` on any failure.
         """
         request = pb.DetermineActionRequest(
-            session=codec.session_to_pb(session), target=codec.target_to_pb(program, argv, workdir),
+            session=codec.session_to_pb(session), target=codec.target_to_pb(program, argv, workdir, identity),
             env={codec.wire_text(k): codec.wire_text(v) for k, v in (env or {}).items()},
         )
         try:
@@ -220,15 +224,17 @@ class GrpcPolicy:
         env: Mapping[str, str],
         execution: Execution,
         session: SessionContext,
+        identity: FileIdentity | None = None,
     ) -> PreparedExec:
-        """Ask the service what to spawn for an escalated exec.
+        """Ask the service what to spawn for an escalated exec (``identity`` as for
+        :meth:`determine_action`: the winning rule's env allowlist depends on trust).
 
         Raises:
             PolicyError: the service failed or answered garbage; the message names the cause.
         """
         request = pb.PrepareEscalatedExecRequest(
             session=codec.session_to_pb(session),
-            target=codec.target_to_pb(program, argv, workdir),
+            target=codec.target_to_pb(program, argv, workdir, identity),
             env={codec.wire_text(k): codec.wire_text(v) for k, v in env.items()},
             execution=codec.execution_to_pb(execution),
         )

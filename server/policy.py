@@ -49,6 +49,37 @@ class SessionContext:
 
 
 @dataclass(frozen=True, slots=True)
+class FileIdentity:
+    """What the escalation server identified of the file an exec will run, in the caller's view
+    (:mod:`execgate.server.identity`; the ``execgate.v1.FileIdentity`` message).
+
+    Attributes:
+        source: "fd" (the very file the wrapper opened and will execute) or "path" (the request's
+            path resolved through the caller's ``/proc/PID/root``).
+        device, inode: ``st_dev``, ``st_ino`` (stat(2)).
+        uid, mode: owner and ``st_mode`` of the file.
+        real_path: its path in the caller's view, symlinks resolved; when that could not be
+            resolved, the kernel's name of the open file (whose basename is still the file's).
+        root_dir_chain: every directory holding it (as named and as resolved), up to the caller's
+            root, is root-owned and writable by neither group nor others.
+        caller_can_modify: the caller could change the file or one of those directories.
+        pseudo_fs: the file, or the path as named, lies under ``/proc`` or ``/dev``.
+        same_for_server: the program path, in the server's own view, is this very file.
+    """
+
+    source: str
+    device: int
+    inode: int
+    uid: int
+    mode: int
+    real_path: str
+    root_dir_chain: bool
+    caller_can_modify: bool
+    pseudo_fs: bool
+    same_for_server: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """The answer to ``determine_action``.
 
@@ -114,7 +145,9 @@ class Policy(Protocol):
 
     A policy whose class sets ``accepts_env = True`` also gets the caller's environment in
     ``determine_action(..., env=...)`` (so that a prompt can show the approver what will reach
-    the command); others are called without it.
+    the command); others are called without it. Likewise ``accepts_identity = True``: it gets
+    ``identity=`` (a :class:`FileIdentity` or None) in both calls, the facts its trust judgement
+    must rest on (docs/DESIGN.md §5).
     """
 
     async def determine_action(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from execgate.server.policy import Decision, Execution, Permissions, PreparedExec, SessionContext
+from execgate.server.policy import Decision, Execution, FileIdentity, Permissions, PreparedExec, SessionContext
 from execgate.v1 import policy_pb2 as pb
 
 
@@ -117,8 +117,40 @@ def restore_text(prepared: PreparedExec, originals: Sequence[str]) -> PreparedEx
     )
 
 
-def target_to_pb(program: str, argv: Sequence[str], workdir: str) -> pb.ExecTarget:
-    return pb.ExecTarget(program=wire_text(program), argv=[wire_text(a) for a in argv], workdir=wire_text(workdir))
+def target_to_pb(program: str, argv: Sequence[str], workdir: str, identity: FileIdentity | None = None) -> pb.ExecTarget:
+    msg = pb.ExecTarget(program=wire_text(program), argv=[wire_text(a) for a in argv], workdir=wire_text(workdir))
+    if identity is not None:
+        msg.identity.CopyFrom(identity_to_pb(identity))
+    return msg
+
+
+def identity_to_pb(identity: FileIdentity) -> pb.FileIdentity:
+    return pb.FileIdentity(
+        source=identity.source, device=identity.device, inode=identity.inode, uid=identity.uid,
+        mode=identity.mode, real_path=wire_text(identity.real_path), root_dir_chain=identity.root_dir_chain,
+        caller_can_modify=identity.caller_can_modify, pseudo_fs=identity.pseudo_fs,
+        same_for_server=identity.same_for_server,
+    )
+
+
+def identity_from_pb(msg: pb.ExecTarget) -> FileIdentity | None:
+    """The target's identity facts, or None when the client sent none.
+
+    Raises:
+        CodecError: an unknown ``source``, or a ``real_path`` that is neither empty nor absolute.
+    """
+    if not msg.HasField("identity"):
+        return None
+    i = msg.identity
+    if i.source not in ("fd", "path"):
+        raise CodecError(f"identity.source {i.source!r} is neither 'fd' nor 'path'")
+    if i.real_path and not os.path.isabs(i.real_path):
+        raise CodecError(f"identity.real_path {i.real_path!r} is not an absolute path")
+    return FileIdentity(
+        source=i.source, device=i.device, inode=i.inode, uid=i.uid, mode=i.mode, real_path=i.real_path,
+        root_dir_chain=i.root_dir_chain, caller_can_modify=i.caller_can_modify, pseudo_fs=i.pseudo_fs,
+        same_for_server=i.same_for_server,
+    )
 
 
 def target_from_pb(msg: pb.ExecTarget) -> tuple[str, tuple[str, ...], str]:

@@ -258,7 +258,7 @@ class Session:
         on_run = None
         if self.backstop is not None:
             pid, backstop = _peer_pid(conn), self.backstop  # the wrapper: it made the socket (unix(7))
-            on_run = None if pid is None else (lambda program, argv: backstop.expect(pid, program, argv))
+            on_run = None if pid is None else (lambda program, argv, ident: backstop.expect(pid, program, argv, ident))
 
         def release() -> None:
             nonlocal held

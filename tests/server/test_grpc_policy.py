@@ -50,7 +50,7 @@ class FixedRules:
 
     current = property(lambda self: self)
 
-    def evaluate(self, program: str, argv: Sequence[str]) -> _Eval:
+    def evaluate(self, program: str, argv: Sequence[str], identity: object = None) -> _Eval:
         return _Eval({"rm": "deny", "env": "escalate"}.get(program.rsplit("/", 1)[-1], "run"))
 
 

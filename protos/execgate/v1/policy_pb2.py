@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x65xecgate/v1/policy.proto\x12\x0b\x65xecgate.v1\"N\n\x0bPermissions\x12\x0f\n\x07network\x18\x01 \x01(\x08\x12\x16\n\x0ewritable_roots\x18\x02 \x03(\t\x12\x16\n\x0ereadable_roots\x18\x03 \x03(\t\"\r\n\x0bUnsandboxed\"\x10\n\x0eSessionDefault\"\xad\x01\n\tExecution\x12/\n\x0bunsandboxed\x18\x01 \x01(\x0b\x32\x18.execgate.v1.UnsandboxedH\x00\x12\x36\n\x0fsession_default\x18\x02 \x01(\x0b\x32\x1b.execgate.v1.SessionDefaultH\x00\x12/\n\x0bpermissions\x18\x03 \x01(\x0b\x32\x18.execgate.v1.PermissionsH\x00\x42\x06\n\x04kind\"\xc8\x01\n\x0eSessionContext\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x37\n\x06labels\x18\x02 \x03(\x0b\x32\'.execgate.v1.SessionContext.LabelsEntry\x12.\n\x07sandbox\x18\x03 \x01(\x0b\x32\x18.execgate.v1.PermissionsH\x00\x88\x01\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\n\n\x08_sandbox\"<\n\nExecTarget\x12\x0f\n\x07program\x18\x01 \x01(\t\x12\x0c\n\x04\x61rgv\x18\x02 \x03(\t\x12\x0f\n\x07workdir\x18\x03 \x01(\t\"\x05\n\x03Run\"5\n\x08\x45scalate\x12)\n\texecution\x18\x01 \x01(\x0b\x32\x16.execgate.v1.Execution\"\x16\n\x04\x44\x65ny\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xcb\x01\n\x08\x44\x65\x63ision\x12\x1f\n\x03run\x18\x01 \x01(\x0b\x32\x10.execgate.v1.RunH\x00\x12)\n\x08\x65scalate\x18\x02 \x01(\x0b\x32\x15.execgate.v1.EscalateH\x00\x12!\n\x04\x64\x65ny\x18\x03 \x01(\x0b\x32\x11.execgate.v1.DenyH\x00\x12\x0f\n\x07rule_id\x18\x04 \x01(\t\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x10\n\x08\x61pprover\x18\x07 \x01(\tB\x08\n\x06\x61\x63tion\"\xd6\x01\n\x16\x44\x65termineActionRequest\x12,\n\x07session\x18\x01 \x01(\x0b\x32\x1b.execgate.v1.SessionContext\x12\'\n\x06target\x18\x02 \x01(\x0b\x32\x17.execgate.v1.ExecTarget\x12\x39\n\x03\x65nv\x18\x0f \x03(\x0b\x32,.execgate.v1.DetermineActionRequest.EnvEntry\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"B\n\x17\x44\x65termineActionResponse\x12\'\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x15.execgate.v1.Decision\"\xa0\x02\n\x1bPrepareEscalatedExecRequest\x12,\n\x07session\x18\x01 \x01(\x0b\x32\x1b.execgate.v1.SessionContext\x12\'\n\x06target\x18\x02 \x01(\x0b\x32\x17.execgate.v1.ExecTarget\x12>\n\x03\x65nv\x18\x03 \x03(\x0b\x32\x31.execgate.v1.PrepareEscalatedExecRequest.EnvEntry\x12)\n\texecution\x18\x04 \x01(\x0b\x32\x16.execgate.v1.Execution\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x05 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa5\x01\n\x0cPreparedExec\x12\x0f\n\x07\x63ommand\x18\x01 \x03(\t\x12\x0b\n\x03\x63wd\x18\x02 \x01(\t\x12/\n\x03\x65nv\x18\x03 \x03(\x0b\x32\".execgate.v1.PreparedExec.EnvEntry\x12\x11\n\x04\x61rg0\x18\x04 \x01(\tH\x00\x88\x01\x01\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x07\n\x05_arg0\"K\n\x1cPrepareEscalatedExecResponse\x12+\n\x08prepared\x18\x01 \x01(\x0b\x32\x19.execgate.v1.PreparedExec2\xdd\x01\n\x10\x45scalationPolicy\x12\\\n\x0f\x44\x65termineAction\x12#.execgate.v1.DetermineActionRequest\x1a$.execgate.v1.DetermineActionResponse\x12k\n\x14PrepareEscalatedExec\x12(.execgate.v1.PrepareEscalatedExecRequest\x1a).execgate.v1.PrepareEscalatedExecResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x65xecgate/v1/policy.proto\x12\x0b\x65xecgate.v1\"N\n\x0bPermissions\x12\x0f\n\x07network\x18\x01 \x01(\x08\x12\x16\n\x0ewritable_roots\x18\x02 \x03(\t\x12\x16\n\x0ereadable_roots\x18\x03 \x03(\t\"\r\n\x0bUnsandboxed\"\x10\n\x0eSessionDefault\"\xad\x01\n\tExecution\x12/\n\x0bunsandboxed\x18\x01 \x01(\x0b\x32\x18.execgate.v1.UnsandboxedH\x00\x12\x36\n\x0fsession_default\x18\x02 \x01(\x0b\x32\x1b.execgate.v1.SessionDefaultH\x00\x12/\n\x0bpermissions\x18\x03 \x01(\x0b\x32\x18.execgate.v1.PermissionsH\x00\x42\x06\n\x04kind\"\xc8\x01\n\x0eSessionContext\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x37\n\x06labels\x18\x02 \x03(\x0b\x32\'.execgate.v1.SessionContext.LabelsEntry\x12.\n\x07sandbox\x18\x03 \x01(\x0b\x32\x18.execgate.v1.PermissionsH\x00\x88\x01\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\n\n\x08_sandbox\"{\n\nExecTarget\x12\x0f\n\x07program\x18\x01 \x01(\t\x12\x0c\n\x04\x61rgv\x18\x02 \x03(\t\x12\x0f\n\x07workdir\x18\x03 \x01(\t\x12\x30\n\x08identity\x18\x14 \x01(\x0b\x32\x19.execgate.v1.FileIdentityH\x00\x88\x01\x01\x42\x0b\n\t_identity\"\xca\x01\n\x0c\x46ileIdentity\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\x04\x12\r\n\x05inode\x18\x03 \x01(\x04\x12\x0b\n\x03uid\x18\x04 \x01(\r\x12\x0c\n\x04mode\x18\x05 \x01(\r\x12\x11\n\treal_path\x18\x06 \x01(\t\x12\x16\n\x0eroot_dir_chain\x18\x07 \x01(\x08\x12\x19\n\x11\x63\x61ller_can_modify\x18\x08 \x01(\x08\x12\x11\n\tpseudo_fs\x18\t \x01(\x08\x12\x17\n\x0fsame_for_server\x18\n \x01(\x08\"\x05\n\x03Run\"5\n\x08\x45scalate\x12)\n\texecution\x18\x01 \x01(\x0b\x32\x16.execgate.v1.Execution\"\x16\n\x04\x44\x65ny\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xcb\x01\n\x08\x44\x65\x63ision\x12\x1f\n\x03run\x18\x01 \x01(\x0b\x32\x10.execgate.v1.RunH\x00\x12)\n\x08\x65scalate\x18\x02 \x01(\x0b\x32\x15.execgate.v1.EscalateH\x00\x12!\n\x04\x64\x65ny\x18\x03 \x01(\x0b\x32\x11.execgate.v1.DenyH\x00\x12\x0f\n\x07rule_id\x18\x04 \x01(\t\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x10\n\x08\x61pprover\x18\x07 \x01(\tB\x08\n\x06\x61\x63tion\"\xd6\x01\n\x16\x44\x65termineActionRequest\x12,\n\x07session\x18\x01 \x01(\x0b\x32\x1b.execgate.v1.SessionContext\x12\'\n\x06target\x18\x02 \x01(\x0b\x32\x17.execgate.v1.ExecTarget\x12\x39\n\x03\x65nv\x18\x0f \x03(\x0b\x32,.execgate.v1.DetermineActionRequest.EnvEntry\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"B\n\x17\x44\x65termineActionResponse\x12\'\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x15.execgate.v1.Decision\"\xa0\x02\n\x1bPrepareEscalatedExecRequest\x12,\n\x07session\x18\x01 \x01(\x0b\x32\x1b.execgate.v1.SessionContext\x12\'\n\x06target\x18\x02 \x01(\x0b\x32\x17.execgate.v1.ExecTarget\x12>\n\x03\x65nv\x18\x03 \x03(\x0b\x32\x31.execgate.v1.PrepareEscalatedExecRequest.EnvEntry\x12)\n\texecution\x18\x04 \x01(\x0b\x32\x16.execgate.v1.Execution\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x05 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa5\x01\n\x0cPreparedExec\x12\x0f\n\x07\x63ommand\x18\x01 \x03(\t\x12\x0b\n\x03\x63wd\x18\x02 \x01(\t\x12/\n\x03\x65nv\x18\x03 \x03(\x0b\x32\".execgate.v1.PreparedExec.EnvEntry\x12\x11\n\x04\x61rg0\x18\x04 \x01(\tH\x00\x88\x01\x01\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x07\n\x05_arg0\"K\n\x1cPrepareEscalatedExecResponse\x12+\n\x08prepared\x18\x01 \x01(\x0b\x32\x19.execgate.v1.PreparedExec2\xdd\x01\n\x10\x45scalationPolicy\x12\\\n\x0f\x44\x65termineAction\x12#.execgate.v1.DetermineActionRequest\x1a$.execgate.v1.DetermineActionResponse\x12k\n\x14PrepareEscalatedExec\x12(.execgate.v1.PrepareEscalatedExecRequest\x1a).execgate.v1.PrepareEscalatedExecResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -52,31 +52,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SESSIONCONTEXT_LABELSENTRY']._serialized_start=474
   _globals['_SESSIONCONTEXT_LABELSENTRY']._serialized_end=519
   _globals['_EXECTARGET']._serialized_start=533
-  _globals['_EXECTARGET']._serialized_end=593
-  _globals['_RUN']._serialized_start=595
-  _globals['_RUN']._serialized_end=600
-  _globals['_ESCALATE']._serialized_start=602
-  _globals['_ESCALATE']._serialized_end=655
-  _globals['_DENY']._serialized_start=657
-  _globals['_DENY']._serialized_end=679
-  _globals['_DECISION']._serialized_start=682
-  _globals['_DECISION']._serialized_end=885
-  _globals['_DETERMINEACTIONREQUEST']._serialized_start=888
-  _globals['_DETERMINEACTIONREQUEST']._serialized_end=1102
-  _globals['_DETERMINEACTIONREQUEST_ENVENTRY']._serialized_start=1060
-  _globals['_DETERMINEACTIONREQUEST_ENVENTRY']._serialized_end=1102
-  _globals['_DETERMINEACTIONRESPONSE']._serialized_start=1104
-  _globals['_DETERMINEACTIONRESPONSE']._serialized_end=1170
-  _globals['_PREPAREESCALATEDEXECREQUEST']._serialized_start=1173
-  _globals['_PREPAREESCALATEDEXECREQUEST']._serialized_end=1461
-  _globals['_PREPAREESCALATEDEXECREQUEST_ENVENTRY']._serialized_start=1060
-  _globals['_PREPAREESCALATEDEXECREQUEST_ENVENTRY']._serialized_end=1102
-  _globals['_PREPAREDEXEC']._serialized_start=1464
-  _globals['_PREPAREDEXEC']._serialized_end=1629
-  _globals['_PREPAREDEXEC_ENVENTRY']._serialized_start=1060
-  _globals['_PREPAREDEXEC_ENVENTRY']._serialized_end=1102
-  _globals['_PREPAREESCALATEDEXECRESPONSE']._serialized_start=1631
-  _globals['_PREPAREESCALATEDEXECRESPONSE']._serialized_end=1706
-  _globals['_ESCALATIONPOLICY']._serialized_start=1709
-  _globals['_ESCALATIONPOLICY']._serialized_end=1930
+  _globals['_EXECTARGET']._serialized_end=656
+  _globals['_FILEIDENTITY']._serialized_start=659
+  _globals['_FILEIDENTITY']._serialized_end=861
+  _globals['_RUN']._serialized_start=863
+  _globals['_RUN']._serialized_end=868
+  _globals['_ESCALATE']._serialized_start=870
+  _globals['_ESCALATE']._serialized_end=923
+  _globals['_DENY']._serialized_start=925
+  _globals['_DENY']._serialized_end=947
+  _globals['_DECISION']._serialized_start=950
+  _globals['_DECISION']._serialized_end=1153
+  _globals['_DETERMINEACTIONREQUEST']._serialized_start=1156
+  _globals['_DETERMINEACTIONREQUEST']._serialized_end=1370
+  _globals['_DETERMINEACTIONREQUEST_ENVENTRY']._serialized_start=1328
+  _globals['_DETERMINEACTIONREQUEST_ENVENTRY']._serialized_end=1370
+  _globals['_DETERMINEACTIONRESPONSE']._serialized_start=1372
+  _globals['_DETERMINEACTIONRESPONSE']._serialized_end=1438
+  _globals['_PREPAREESCALATEDEXECREQUEST']._serialized_start=1441
+  _globals['_PREPAREESCALATEDEXECREQUEST']._serialized_end=1729
+  _globals['_PREPAREESCALATEDEXECREQUEST_ENVENTRY']._serialized_start=1328
+  _globals['_PREPAREESCALATEDEXECREQUEST_ENVENTRY']._serialized_end=1370
+  _globals['_PREPAREDEXEC']._serialized_start=1732
+  _globals['_PREPAREDEXEC']._serialized_end=1897
+  _globals['_PREPAREDEXEC_ENVENTRY']._serialized_start=1328
+  _globals['_PREPAREDEXEC_ENVENTRY']._serialized_end=1370
+  _globals['_PREPAREESCALATEDEXECRESPONSE']._serialized_start=1899
+  _globals['_PREPAREESCALATEDEXECRESPONSE']._serialized_end=1974
+  _globals['_ESCALATIONPOLICY']._serialized_start=1977
+  _globals['_ESCALATIONPOLICY']._serialized_end=2198
 # @@protoc_insertion_point(module_scope)
