@@ -78,8 +78,10 @@ def test_proc_self_fd_cannot_dodge_a_deny(attacker: Attacker) -> None:
 def test_proc_self_cwd_cannot_dodge_a_deny(attacker: Attacker) -> None:
     work = attacker.workdir()
     attacker.marker_program(work, "mark")
-    # ./git -> mark: the service resolved /proc/self/cwd in its own process, never reaching mark.
-    done, _ = _run(attacker, DENY_MARK, 'ln -s mark git && /proc/self/cwd/git; echo "status=$?"')
+    # sub/git -> ../mark, run from sub: the service resolved /proc/self/cwd in its own process
+    # (whose working directory is not sub), never reaching mark.
+    script = 'mkdir sub && cd sub && ln -s ../mark git && /proc/self/cwd/git; echo "status=$?"'
+    done, _ = _run(attacker, DENY_MARK, script)
     _assert_denied(attacker, done, "/proc/self/cwd/git")
 
 
@@ -132,3 +134,13 @@ def test_dot_git_in_root_owned_workdir_borrows_no_escalation(attacker: Attacker,
     assert ours and all(r["decision"] != "escalate" for r in ours), (records, out)
     # Control: ./git did run, in the sandbox, where the root filesystem is read-only.
     assert "ran-somewhere" in done.stdout, out
+
+
+def test_backstop_sees_the_wrappers_fd_exec_as_the_approved_one(attacker: Attacker) -> None:
+    """With the seccomp backstop on, the wrapper's ``execveat(fd, "", AT_EMPTY_PATH)`` of an
+    approved file continues undecided: one audit line per exec, none for ``/proc/PID/fd/N``."""
+    done, records = _run(attacker, DENY_MARK, '/usr/bin/env true; echo "status=$?"')
+    assert "status=0" in done.stdout, done.stdout + done.stderr
+    names = [Path(r["program"]).name for r in records]
+    assert names.count("env") == 1 and names.count("true") == 1, records
+    assert not any(r["program"].startswith("/proc/") for r in records), records
