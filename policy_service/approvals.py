@@ -25,11 +25,16 @@ import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Literal, Mapping, Sequence
 
-from execgate.server.policy import Execution, SessionContext
+from execgate.server.policy import ExecFacts, Execution, SessionContext
 
 log = logging.getLogger(__name__)
 
 Verdict = Literal["once", "session", "deny"]
+
+#: How a prompt can end (:attr:`ApprovalOutcome.result`): approved once or for the session by an
+#: approver, covered by an earlier grant, denied by an approver, unanswered by its deadline, no
+#: approver connected, or refused outright (a broker made with ``refuse_reason``).
+RESULTS = ("approved", "approved_session", "granted", "denied", "timeout", "no_approver", "refused")
 
 
 class UnknownRequest(KeyError):
@@ -52,6 +57,8 @@ class ApprovalRequest:
         deadline: ``loop.time()`` (seconds) after which it is denied for lack of an answer.
         env: the environment that will reach the command if approved, as sorted (name, value)
             pairs (shown to approvers; part of what an approve-for-session grant covers).
+        facts: what the server learnt of the file (kind, children unseen), shown to approvers and
+            part of what a grant covers; None when the request carried none.
     """
 
     request_id: str
@@ -64,6 +71,7 @@ class ApprovalRequest:
     execution: Execution
     deadline: float
     env: tuple[tuple[str, str], ...] = ()
+    facts: ExecFacts | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +83,14 @@ class ApprovalOutcome:
         reason: the approver's reason, or why nobody answered.
         approver: who answered ("" if nobody).
         for_session: approved for the rest of the session (or by such an earlier approval).
+        result: how it ended, one of :data:`RESULTS` (the label of the prompt metrics).
     """
 
     approved: bool
     reason: str
     approver: str = ""
     for_session: bool = False
+    result: str = ""
 
 
 @dataclass(slots=True)
@@ -123,6 +133,10 @@ class ApprovalBroker:
         """Number of connected approvers."""
         return len(self._subscribers)
 
+    def pending_count(self) -> int:
+        """Number of requests waiting now (a plain read: safe from a metrics scrape's thread)."""
+        return len(self._pending)
+
     def is_pending(self, request_id: str) -> bool:
         """True while ``request_id`` waits for an answer."""
         return request_id in self._pending
@@ -161,6 +175,7 @@ class ApprovalBroker:
         execution: Execution,
         timeout_s: float | None = None,
         env: Mapping[str, str] | None = None,
+        facts: ExecFacts | None = None,
     ) -> ApprovalOutcome:
         """Ask the approvers about one exec and wait for the outcome.
 
@@ -168,23 +183,26 @@ class ApprovalBroker:
             timeout_s: wait at most this long (seconds) instead of the broker's ``timeout_s``
                 (the service passes less when its caller's deadline is nearer).
             env: the environment that would reach the command (shown to approvers).
+            facts: the file's facts (shown to approvers; a grant covers a file of these facts only).
 
         Returns:
             The outcome; never raises for a missing or silent approver.
         """
         if self.refuse_reason is not None:
-            return ApprovalOutcome(False, self.refuse_reason)
+            return ApprovalOutcome(False, self.refuse_reason, result="refused")
         shown_env = tuple(sorted((env or {}).items()))
-        key = (session.session_id, program, tuple(argv), shown_env)
+        shown_facts = None if facts is None else (facts.kinds, facts.children_unseen)
+        key = (session.session_id, program, tuple(argv), shown_env, shown_facts)
         if key in self._grants:
-            return ApprovalOutcome(True, "approved earlier for this session", self._grants[key], True)
+            return ApprovalOutcome(True, "approved earlier for this session", self._grants[key], True, "granted")
         loop = asyncio.get_running_loop()
         timeout = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
         deadline = loop.time() + timeout
         if not self._subscribers and not await self._wait_for_approver(min(self.approver_wait_s, timeout)):
-            return ApprovalOutcome(False, "approval required but no approver is connected")
+            return ApprovalOutcome(False, "approval required but no approver is connected", result="no_approver")
         request = ApprovalRequest(
-            uuid.uuid4().hex, session, program, tuple(argv), workdir, rule_id, reason, execution, deadline, shown_env
+            uuid.uuid4().hex, session, program, tuple(argv), workdir, rule_id, reason, execution, deadline, shown_env,
+            facts,
         )
         pending = _Pending(request, loop.create_future())
         self._pending[request.request_id] = pending
@@ -194,7 +212,7 @@ class ApprovalBroker:
             async with asyncio.timeout_at(deadline):
                 outcome = await pending.future
         except TimeoutError:
-            return ApprovalOutcome(False, f"approval timed out after {timeout:g} s with no answer")
+            return ApprovalOutcome(False, f"approval timed out after {timeout:g} s with no answer", result="timeout")
         finally:
             self._pending.pop(request.request_id, None)
         if outcome.approved and outcome.for_session:
@@ -226,9 +244,10 @@ class ApprovalBroker:
         if pending is None or pending.future.done():
             raise UnknownRequest(request_id)
         if verdict == "deny":
-            outcome = ApprovalOutcome(False, reason or "denied by approver", approver)
+            outcome = ApprovalOutcome(False, reason or "denied by approver", approver, result="denied")
         else:
             text = reason or ("approved for this session" if verdict == "session" else "approved once")
-            outcome = ApprovalOutcome(True, text, approver, verdict == "session")
+            outcome = ApprovalOutcome(True, text, approver, verdict == "session",
+                                      "approved_session" if verdict == "session" else "approved")
         pending.future.set_result(outcome)
         log.info("approval %s resolved by %s: %s", request_id, approver or "?", verdict)

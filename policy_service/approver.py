@@ -23,6 +23,7 @@ from typing import TextIO
 
 import grpc
 
+from execgate.server import policy_codec as codec
 from execgate.v1 import approvals_pb2 as apb
 from execgate.v1 import approvals_pb2_grpc
 
@@ -79,8 +80,21 @@ def describe(pending: apb.PendingApproval) -> str:
             f"   session: {pending.session.session_id}  labels: {labels}",
             f"   rule:    {pending.rule_id or '(default)'} — {pending.reason or 'no justification'}",
             "   env:     " + (" ".join(shlex.quote(f"{k}={v}") for k, v in sorted(pending.env.items())) or "(empty)"),
+            f"   file:    {file_text(pending)}",
         ]
     )
+
+
+def file_text(pending: apb.PendingApproval) -> str:
+    """What the server learnt of the file (``static elf64 x86_64; children unseen``), or a note
+    that it sent nothing; "(unreadable)" if the facts are malformed."""
+    try:
+        facts = codec.facts_from_pb(pending.target)
+    except codec.CodecError:
+        return "(unreadable facts)"
+    if facts.file is None and facts.children_unseen is None and facts.problem is None:
+        return "(nothing learnt of the file)"
+    return facts.summary
 
 
 async def _answer(reader: LineReader, out: TextIO) -> tuple[int, str] | None:
@@ -116,9 +130,19 @@ async def run_approver(
     End of input while idle stops the approver at once; lines read before it are still used
     for the requests they answer.
 
+    The service is asked once (``ListPending``) before anything is read, so that an unreachable
+    service or a refused credential is reported as such, whatever stdin holds.
+
     Returns:
-        0 at end of input or when the service closes the stream; 1 if the stream failed.
+        0 at end of input or when the service closes the stream; 1 if the service could not be
+        reached, refused the credential, or the stream failed (the cause on stderr).
     """
+    try:
+        await approvals_pb2_grpc.ApprovalsStub(channel).ListPending(
+            apb.ListPendingRequest(), timeout=10, metadata=metadata)
+    except grpc.aio.AioRpcError as exc:
+        print(f"execgate approve: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
     reader = LineReader(stdin)
     busy = asyncio.Event()  # set while a request is being answered
     serving = asyncio.ensure_future(_serve(channel, reader, busy, name=name, metadata=metadata, out=out))

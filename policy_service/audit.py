@@ -2,7 +2,9 @@
 
 Each line is a JSON object with the keys of :class:`AuditRecord`: ``time`` (RFC 3339, UTC),
 ``decision_id``, ``session_id``, ``labels``, ``program``, ``argv``, ``workdir``, ``decision``
-(run / escalate / deny), ``rule_id``, ``reason``, ``approver``, ``latency_ms``, ``error``.
+(run / escalate / deny), ``rule_id``, ``reason``, ``approver``, ``latency_ms``, ``error``,
+``file_kind`` (the file's tags, e.g. ``["elf64", "static"]``; null when the server learnt
+nothing) and ``children_unseen`` (true: what the program execs is not seen; null: unknown).
 Lines are appended and flushed one by one, so ``tail -f`` and a crash both see whole lines.
 """
 
@@ -37,6 +39,8 @@ class AuditRecord:
         approver: who resolved a prompt ("" when nobody was asked).
         latency_ms: time from request to decision, in milliseconds.
         error: True when the decision is a denial caused by a failure rather than by policy.
+        file_kind: the file's tags (:func:`execgate.server.fileinfo.kinds`), None if unknown.
+        children_unseen: True if the program's own execs are not seen; None if unknown.
         time: when the decision was made (UTC).
     """
 
@@ -52,6 +56,8 @@ class AuditRecord:
     approver: str
     latency_ms: float
     error: bool = False
+    file_kind: Sequence[str] | None = None
+    children_unseen: bool | None = None
     time: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))
 
     def to_json(self) -> str:
@@ -60,6 +66,7 @@ class AuditRecord:
         data["time"] = self.time.isoformat(timespec="milliseconds").replace("+00:00", "Z")
         data["labels"] = dict(self.labels)
         data["argv"] = list(self.argv)
+        data["file_kind"] = None if self.file_kind is None else list(self.file_kind)
         data["latency_ms"] = round(self.latency_ms, 3)
         return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 

@@ -3,12 +3,16 @@
 Usage::
 
     execgate policy check [--rules FILE]… [--no-default-rules] [--default D] [--trusted-dir DIR]… \\
-        [--json] -- PROGRAM [ARGS…]
+        [--seccomp on|off] [--no-new-privs] [--json] -- PROGRAM [ARGS…]
 
 PROGRAM is resolved through ``PATH`` unless it contains a ``/`` (then made absolute), exactly
 as the server resolves an exec before asking the policy. ``--rules`` files layer on top of the
 shipped default rules (unless ``--no-default-rules``); the files in force are printed first. Prints every matching rule (id, source, decision), the rules skipped because
-the program path is not trusted, and the winner. Exit status: 0 after printing a decision, 2
+the program path is not trusted, and the winner. The program's file is read as the server reads
+it (:mod:`execgate.server.exec_facts`: ELF class, static or dynamic, set-ID bits) and its
+``children_unseen`` judged for a session with the preload shim alone (``--seccomp on``: with the
+backstop; ``--no-new-privs``: as inside a sandbox, where set-ID bits do not apply); rules that
+test file facts see those. Exit status: 0 after printing a decision, 2
 when a rules file is bad (the RulesError is printed) or PROGRAM cannot be resolved.
 
 :mod:`execgate.policy_service.cli` registers this as a sub-command with :func:`add_arguments`
@@ -18,6 +22,7 @@ and :func:`run`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -25,8 +30,8 @@ import shutil
 import sys
 from typing import Any, TextIO
 
-from execgate.server.identity import identify
-from execgate.server.policy import Execution, FileIdentity
+from execgate.server.exec_facts import Coverage, children_unseen, gather
+from execgate.server.policy import ExecFacts, Execution
 
 from .rules_engine import RuleSet
 from .rules_model import DECISIONS, Evaluation, Rule, RulesError
@@ -45,6 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trusted-dir", action="append", metavar="DIR", dest="trusted_dirs",
                         default=None, help="directory whose programs basename rules trust; "
                                            "repeatable (default: root-owned system directories)")
+    parser.add_argument("--seccomp", choices=("on", "off"), default="off",
+                        help="judge children_unseen as in a session with the seccomp backstop on, or with the "
+                             "preload shim alone (default: off)")
+    parser.add_argument("--no-new-privs", action="store_true",
+                        help="judge children_unseen as inside a sandbox (no_new_privs: set-ID bits do not apply)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("command", nargs="+", metavar="PROGRAM [ARGS…]",
                         help="the command to check (put it after --)")
@@ -75,27 +85,22 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
         print(f"execgate policy check: {argv[0]}: not found on PATH (give an absolute path)",
               file=err)
         return 2
-    evaluation = rules.evaluate(program, argv, local_identity(program))
+    facts = local_facts(program, seccomp=args.seccomp == "on", no_new_privs=args.no_new_privs)
+    evaluation = rules.evaluate(program, argv, facts)
     if args.json:
         report = evaluation_to_json(program, argv, evaluation)
         report["rules_files"] = [str(p) for p in rules.sources]
+        report["file_kind"] = None if facts.file is None else sorted(facts.kinds)
+        report["children_unseen"] = facts.children_unseen
+        report["file"] = facts.summary
         json.dump(report, out, indent=2)
         out.write("\n")
     else:
         out.write(f"rules:    {describe_paths(paths)}\n")
+        judged = "the seccomp backstop" if args.seccomp == "on" else "the preload shim alone"
+        out.write(f"file:     {facts.summary} (for a session with {judged})\n")
         out.write(format_text(program, argv, evaluation))
     return 0
-
-
-#: The caller ``policy check`` judges trust for: an unprivileged one (nobody), as most sessions run.
-CHECK_CALLER_UID = 65534
-
-
-def local_identity(program: str) -> FileIdentity | None:
-    """The facts an escalation server would send for ``program`` seen in this process's own
-    filesystem view by an unprivileged caller (:data:`CHECK_CALLER_UID`; a root session's trust is
-    narrower: nothing on a read-write mount), or None if it does not resolve here."""
-    return identify(program, pid=os.getpid(), uid=CHECK_CALLER_UID)
 
 
 def resolve_program(name: str) -> str | None:
@@ -104,6 +109,27 @@ def resolve_program(name: str) -> str | None:
         return os.path.normpath(os.path.abspath(name))
     found = shutil.which(name)
     return os.path.normpath(os.path.abspath(found)) if found else None
+
+
+#: The caller ``policy check`` judges trust for: an unprivileged one (nobody), as most sessions run.
+CHECK_CALLER_UID = 65534
+
+
+def local_facts(program: str, *, seccomp: bool, no_new_privs: bool) -> ExecFacts:
+    """What an escalation server would learn of ``program`` seen in this process's own
+    filesystem view (:func:`execgate.server.exec_facts.gather`): its identity for an unprivileged
+    caller (:data:`CHECK_CALLER_UID`; a root session's trust is narrower: nothing on a read-write
+    mount), its file info, and ``children_unseen`` for a session with the installed preload shim
+    (and the backstop if ``seccomp``). A file that cannot be read gives unknown facts."""
+    from execgate.wrapper.artifacts import NativeArtifactMissing, preload_ld_value
+
+    try:
+        overlay = {"LD_PRELOAD": preload_ld_value()}
+    except NativeArtifactMissing:
+        overlay = {"LD_PRELOAD": "libexecgate_preload.so"}  # judged as if the native shim were built
+    coverage = Coverage.of_session(overlay, seccomp=seccomp)
+    facts = gather(os.getpid(), program, coverage, uid=CHECK_CALLER_UID)
+    return dataclasses.replace(facts, children_unseen=children_unseen(facts.file, coverage, no_new_privs))
 
 
 def format_text(program: str, argv: list[str], ev: Evaluation) -> str:

@@ -24,7 +24,8 @@ import sys
 
 import grpc
 
-from execgate.policy_service.transport import AddressError, TlsFiles, client_credentials, read_token
+from execgate.policy_service.transport import AddressError, TlsFiles, client_credentials, is_local_address, read_token
+from execgate.server import telemetry
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +87,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="seconds a prompt waits for an answer before it is denied (default 60)")
     p.add_argument("--approver-wait", type=float, default=0.0, metavar="S",
                    help="seconds a prompt waits for an approver to connect when none is (default 0)")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow plaintext (no --tls-cert) on a TCP address that is not loopback; anyone who "
+                        "can reach it reads every request and its tokens")
     p.add_argument("--grace", type=float, default=5.0, metavar="S",
                    help="on SIGTERM, seconds in-flight calls get to finish (default 5)")
     p.add_argument("--rules-poll", type=float, default=1.0, metavar="S",
                    help="seconds between checks of the rules files for changes (default 1)")
+    telemetry.add_options(p, service_name="execgate-policy")
     p.set_defaults(func=_serve)
 
 
@@ -119,6 +124,12 @@ def _serve(args: argparse.Namespace) -> int:
         token = read_token(args.token_file)
         approvals_token = read_token(args.approvals_token_file)
         _check_approvals_options(args.approvals_listen, token, approvals_token)
+        metrics_listen, tracing = telemetry.options(args, service_name="execgate-policy")
+        if not (args.tls_cert or args.insecure):
+            for flag, address in (("--listen", args.listen), ("--approvals-listen", args.approvals_listen)):
+                if address and not is_local_address(address):
+                    raise ValueError(f"{flag} {address}: plaintext on a non-loopback address; give --tls-cert "
+                                     f"and --tls-key, listen on unix:// or 127.0.0.1, or pass --insecure")
     except Exception as exc:  # RulesError, OSError, ValueError: a one-line message, exit 2
         print(f"execgate policy serve: {exc}", file=sys.stderr)
         return 2
@@ -130,7 +141,11 @@ def _serve(args: argparse.Namespace) -> int:
         log.warning("Approvals share the decision endpoint and its credential: a session that can reach "
                     "%s (or read the --token-file) can answer its own prompts; see --approvals-token-file "
                     "and --approvals-listen", args.listen)
-    return _run(_serve_async(args, rules, tls, token, approvals_token))
+    try:
+        return _run(_serve_async(args, rules, tls, token, approvals_token, metrics_listen, tracing))
+    finally:
+        if tracing is not None:
+            tracing.shutdown()  # export the spans still buffered
 
 
 def _check_approvals_options(listen: str | None, token: str | None, approvals_token: str | None) -> None:
@@ -146,8 +161,10 @@ def _check_approvals_options(listen: str | None, token: str | None, approvals_to
 
 
 async def _serve_async(
-    args: argparse.Namespace, rules, tls: TlsFiles | None, token: str | None, approvals_token: str | None
+    args: argparse.Namespace, rules, tls: TlsFiles | None, token: str | None, approvals_token: str | None,
+    metrics_listen: tuple[str, int] | None = None, tracing: telemetry.Tracing | None = None,
 ) -> int:
+    from execgate.policy_service.metrics import PolicyMetrics
     from execgate.policy_service.server import running_service
 
     loop = asyncio.get_running_loop()
@@ -161,8 +178,13 @@ async def _serve_async(
             rules, address=args.listen, tls=tls, token=token, approvals_address=args.approvals_listen,
             approvals_token=approvals_token, audit_log=args.audit_log,
             approval_timeout_s=args.approval_timeout, approver_wait_s=args.approver_wait, grace_s=args.grace,
-            rules_poll_s=args.rules_poll,
-        ):
+            rules_poll_s=args.rules_poll, metrics_listen=metrics_listen,
+            metrics=PolicyMetrics(tracer_provider=tracing.provider if tracing else None),
+        ) as server:
+            if server.metrics_url:
+                log.info("metrics on %s", server.metrics_url)
+            if tracing is not None:
+                log.info("traces exported over OTLP to %s", tracing.endpoint)
             await stop.wait()
             log.info("stopping: NOT_SERVING, %g s grace", args.grace)
     except (AddressError, OSError) as exc:

@@ -20,7 +20,7 @@ from typing import Awaitable, Callable, Mapping, NamedTuple, Protocol, Sequence
 from execgate.policy_service.approvals import ApprovalBroker
 from execgate.policy_service.audit import AuditLog, AuditRecord
 from execgate.policy_service.envclean import clean_env
-from execgate.server.policy import Decision, Execution, FileIdentity, Permissions, PreparedExec, SessionContext
+from execgate.server.policy import Decision, ExecFacts, Execution, Permissions, PreparedExec, SessionContext
 from execgate.server.sandbox import bwrap_argv, find_bwrap, unsafe_workdir, visible_inside
 
 log = logging.getLogger(__name__)
@@ -38,10 +38,12 @@ class EscalationRefused(ValueError):
 
 
 class Decided(NamedTuple):
-    """A decision and who approved it ("" when no approver was asked)."""
+    """A decision, who approved it ("" when no approver was asked) and, for a prompt, how it ended
+    (:data:`~execgate.policy_service.approvals.RESULTS`; "" when the rule did not prompt)."""
 
     decision: Decision
     approver: str
+    prompt: str = ""
 
 
 class _Evaluation(Protocol):
@@ -53,7 +55,7 @@ class _Evaluation(Protocol):
 
 
 class _RuleSet(Protocol):
-    def evaluate(self, program: str, argv: Sequence[str], identity: FileIdentity | None = None) -> _Evaluation: ...
+    def evaluate(self, program: str, argv: Sequence[str], facts: ExecFacts | None = None) -> _Evaluation: ...
 
 
 class RulesSource(Protocol):
@@ -105,7 +107,7 @@ class DecisionService:
         budget_s: float | None = None,
         on_prompt: PromptHook | None = None,
         env: Mapping[str, str] | None = None,
-        identity: FileIdentity | None = None,
+        facts: ExecFacts | None = None,
     ) -> Decided:
         """Decide one exec (``program`` absolute, ``argv`` non-empty) and audit it.
 
@@ -114,8 +116,9 @@ class DecisionService:
             on_prompt: awaited before waiting for an approver, with the wait in seconds.
             env: the caller's environment; a prompt shows the approver the part of it that
                 :meth:`prepare` would give the command (and a session grant covers only that).
-            identity: the escalation server's facts about the file (``ExecTarget.identity``), or
-                None; the rules judge trust from them alone (:meth:`RuleSet.is_trusted`).
+            facts: what the escalation server learnt of the file (None: nothing): the rules
+                judge trust from its ``identity`` alone (:meth:`RuleSet.is_trusted`) and file-fact
+                rules test its file info; the audit line and approvers show them.
 
         Returns:
             The Decision (with a fresh ``decision_id`` and a ``reason`` for every action) and the
@@ -123,31 +126,32 @@ class DecisionService:
         """
         started = time.monotonic()
         # A worker thread: evaluation of many rules must not hold up the event loop serving every
-        # other session (it no longer touches the filesystem: trust comes from ``identity``).
-        evaluation = await asyncio.to_thread(self.rules.current.evaluate, program, argv, identity)
+        # other session (it never touches the filesystem: trust comes from ``facts.identity``).
+        evaluation = await asyncio.to_thread(self.rules.current.evaluate, program, argv, facts)
         rule_id = getattr(evaluation.rule, "id", "") or ""
         reason = evaluation.reason or ""
         execution = evaluation.execution or Execution()
         common = {"rule_id": rule_id, "decision_id": uuid.uuid4().hex}
-        approver = ""
+        approver = prompt = ""
         # An escalation from a directory that exists only in the session's sandbox cannot start
         # where escalated commands run: deny it up front, before any approver is asked.
         stranded = _stranded_workdir(session, workdir) if evaluation.decision in ("escalate", "prompt") else None
         if stranded is not None:
             decision = Decision.deny(stranded, **common)
         elif evaluation.decision == "run":
-            decision = Decision.run(reason=reason, **common)
+            decision = Decision.run(reason=reason, note=untrusted_note(program, evaluation, session), **common)
         elif evaluation.decision == "escalate":
             decision = Decision.escalate(execution, reason=reason, **common)
         elif evaluation.decision == "prompt":
             shown = clean_env(env or {}, evaluation.allow_env)
-            decision, approver = await self._ask(
-                session, program, argv, workdir, rule_id, reason, execution, common, budget_s, on_prompt, shown
+            decision, approver, prompt = await self._ask(
+                session, program, argv, workdir, rule_id, reason, execution, common, budget_s, on_prompt, shown,
+                facts,
             )
         else:
             decision = Decision.deny(reason or "denied by policy", **common)
-        self._audit(session, program, argv, workdir, decision, approver, started)
-        return Decided(decision, approver)
+        self._audit(session, program, argv, workdir, decision, approver, started, facts)
+        return Decided(decision, approver, prompt)
 
     async def _ask(
         self,
@@ -162,6 +166,7 @@ class DecisionService:
         budget_s: float | None,
         on_prompt: PromptHook | None,
         env: Mapping[str, str],
+        facts: ExecFacts | None = None,
     ) -> Decided:
         """Run a prompt through the approvals broker (showing ``env``, the environment that would
         reach the command); approval escalates with ``execution``."""
@@ -173,11 +178,12 @@ class DecisionService:
             await on_prompt(wait)
         outcome = await self.approvals.request(
             session, program, argv, workdir, rule_id=rule_id, reason=reason, execution=execution, timeout_s=wait,
-            env=env,
+            env=env, facts=facts,
         )
         if outcome.approved:
-            return Decided(Decision.escalate(execution, reason=outcome.reason, **common), outcome.approver)
-        return Decided(Decision.deny(outcome.reason, **common), outcome.approver)
+            return Decided(Decision.escalate(execution, reason=outcome.reason, **common), outcome.approver,
+                           outcome.result)
+        return Decided(Decision.deny(outcome.reason, **common), outcome.approver, outcome.result)
 
     def _audit(
         self,
@@ -188,6 +194,7 @@ class DecisionService:
         decision: Decision,
         approver: str,
         started: float,
+        facts: ExecFacts | None = None,
     ) -> None:
         latency_ms = (time.monotonic() - started) * 1000.0
         # DEBUG, not INFO: the audit log is the per-decision record; an INFO line per decision
@@ -206,6 +213,8 @@ class DecisionService:
                 labels=dict(session.labels), program=program, argv=tuple(argv), workdir=workdir,
                 decision=decision.action, rule_id=decision.rule_id, reason=decision.reason or "",
                 approver=approver, latency_ms=latency_ms, error=decision.error,
+                file_kind=None if facts is None or facts.file is None else tuple(sorted(facts.kinds)),
+                children_unseen=None if facts is None else facts.children_unseen,
             )
         )
 
@@ -217,10 +226,11 @@ class DecisionService:
         workdir: str,
         env: Mapping[str, str],
         execution: Execution,
-        identity: FileIdentity | None = None,
+        facts: ExecFacts | None = None,
     ) -> PreparedExec:
-        """Build exactly what the server spawns for an escalated exec (``identity`` as for
-        :meth:`decide`: it decides whether a basename rule's ``allow_env`` applies).
+        """Build exactly what the server spawns for an escalated exec (``facts`` as in
+        :meth:`decide`, so that the rule that decided, trust included, is the one whose
+        ``allow_env`` applies).
 
         ``unsandboxed`` (and ``session_default`` for a session with no sandbox) gives
         ``[program, *argv[1:]]`` with ``arg0 = argv[0]``; a profile gives a bwrap command line
@@ -237,7 +247,7 @@ class DecisionService:
             SandboxError: the bwrap command line cannot be built (see ``bwrap_argv``).
         """
         _check_workdir(session, workdir)
-        allow = self.rules.current.evaluate(program, argv, identity).allow_env
+        allow = self.rules.current.evaluate(program, argv, facts).allow_env
         cleaned = clean_env(env, allow)
         profile = _profile(execution, session, workdir)
         if profile is None:
@@ -247,6 +257,30 @@ class DecisionService:
                                     "in its trusted system directories")
         command = bwrap_argv(profile, cwd=workdir, bwrap=self.bwrap) + [program, *argv[1:]]
         return PreparedExec(command=tuple(command), cwd=workdir, env=cleaned, arg0=None)
+
+
+def untrusted_note(program: str, evaluation: object, session: SessionContext) -> str:
+    """The note for a Run that a rule would have escalated had ``program`` been trusted, or "".
+
+    A basename rule that escalates applies only to a trusted path (docs/DESIGN.md §5): a
+    virtualenv's ``pip`` then runs in the session's sandbox, without the network its rule would
+    give, and fails slowly (DNS retries) without saying why. The note names the rule, why it was
+    skipped and how to allow it. None for a session without a sandbox (Run is unconfined there).
+    """
+    box = session.sandbox
+    skipped = [r for r in getattr(evaluation, "skipped", ()) if getattr(r, "decision", "") == "escalate"]
+    if box is None or not skipped:
+        return ""
+    rule = skipped[0]
+    perms = getattr(rule.execution, "permissions", None)
+    lacks = " without network" if not box.network and (perms is None or perms.network) else ""
+    directory = os.path.dirname(program)
+    why = f" ({rule.justification})" if rule.justification else ""
+    return (f"{program} runs in the session's sandbox{lacks}: rule {rule.id} would escalate it{why}, but a rule "
+            f"naming {rule.program} by basename applies only to trusted paths (root-owned system directories, "
+            f"or trusted_dirs) and {directory} is not one. To allow it: trusted_dirs = [\"{directory}\"] in a "
+            "--rules file (this trusts whatever the session puts there), or a rule with its absolute path, "
+            f"or use a trusted {rule.program}")
 
 
 def _stranded_workdir(session: SessionContext, workdir: str) -> str | None:
@@ -291,7 +325,10 @@ def _profile(execution: Execution, session: SessionContext, workdir: str) -> Per
         writable = tuple(dict.fromkeys((*granted.writable_roots, *own)))
         seen = session.sandbox.readable_roots if session.sandbox is not None else ()
         readable = tuple(dict.fromkeys(r for r in (*granted.readable_roots, *seen) if r not in writable))
-        return Permissions(network=granted.network, writable_roots=writable, readable_roots=readable)
+        # What the session cannot see (a real HOME behind a private one), its escalations cannot either.
+        masked = tuple(dict.fromkeys((*granted.masked_dirs, *(session.sandbox.masked_dirs if session.sandbox else ()))))
+        return Permissions(network=granted.network, writable_roots=writable, readable_roots=readable,
+                           masked_dirs=masked)
     if execution.kind == "session_default":
         return session.sandbox
     return None

@@ -6,15 +6,19 @@ Evaluation of ``(program, argv)``, ``program`` absolute:
    (run, escalate) named by basename applies only when the file is trusted (below). A
    *restrictive* rule (prompt, deny) named by basename applies to every path with that basename,
    and also when the basename of ``argv[0]`` or of the *real file* the escalation server
-   identified (``identity.real_path``) carries the name — so ``/dev/fd/3``, ``/proc/self/fd/N``,
-   a renamed symlink or ``exec -a`` cannot dodge a denial.
-2. A candidate matches when ``argv[1:]`` starts with its prefix.
+   identified (``facts.identity.real_path``) carries the name — so ``/dev/fd/3``,
+   ``/proc/self/fd/N``, a renamed symlink or ``exec -a`` cannot dodge a denial.
+   Rules that name no program (file-fact rules, ``ANY_PROGRAM``) are candidates for every
+   exec; permissive ones apply only to trusted files, as basename rules.
+2. A candidate matches when ``argv[1:]`` starts with its prefix and the request's file facts
+   (``file_kind``, ``children_unseen``; unknown when the request carries none) satisfy its
+   conditions.
 3. The strictest matching rule wins (deny > prompt > run > escalate); among equals, the first
    loaded. No match: the configured default.
 
-Trust of a file for basename rules is judged only from the facts the escalation server sent
-(:class:`~execgate.server.policy.FileIdentity`, established in the *caller's* filesystem view,
-:mod:`execgate.server.identity`), never from this process's own filesystem, which may differ (a
+Trust of a file for basename rules is judged only from the identity the escalation server sent
+(``ExecFacts.identity``, a :class:`~execgate.server.policy.FileIdentity` established in the
+*caller's* filesystem view, :mod:`execgate.server.identity`), never from this process's own filesystem, which may differ (a
 sandbox's private ``/tmp`` and ``/dev``, another host). No facts (another client): not trusted.
 Otherwise never trusted when the file or the path as named lies under ``/proc`` or ``/dev``, or it
 is not a regular file; then, first that applies:
@@ -37,10 +41,10 @@ import stat
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from execgate.server.policy import Execution, FileIdentity
+from execgate.server.policy import ExecFacts, Execution, FileIdentity
 
 from .codex_rules import load_codex
-from .rules_model import STRICTNESS, Evaluation, Rule, RulesError, RulesFile, parse_decision
+from .rules_model import ANY_PROGRAM, STRICTNESS, Evaluation, Facts, Rule, RulesError, RulesFile, parse_decision
 from .rules_toml import load_toml
 
 #: The rules shipped with execgate, loaded when no rules file is given.
@@ -148,13 +152,16 @@ class RuleSet:
         """The files this set was loaded from."""
         return self._sources
 
-    def evaluate(self, program: str, argv: Sequence[str], identity: FileIdentity | None = None) -> Evaluation:
+    def evaluate(self, program: str, argv: Sequence[str], facts: ExecFacts | Facts | None = None) -> Evaluation:
         """Decide one exec. No filesystem access.
 
         Args:
             program: absolute path of the program executed (resolved by the server).
             argv: the full argv, argv[0] included.
-            identity: the escalation server's facts about the file, or None (nothing trusted).
+            facts: what the escalation server learnt of the file (:class:`ExecFacts`, or the
+                rules' own view of it, :class:`Facts`): its ``identity`` is all trust rests on,
+                its file info is what file-fact rules test. None: nothing known (nothing
+                trusted, file facts unknown).
 
         Returns:
             The decision, the winning rule, every matching rule and the rules skipped because
@@ -162,11 +169,13 @@ class RuleSet:
         """
         program = os.path.normpath(program)
         args = tuple(argv[1:])
+        known = facts if isinstance(facts, Facts) else Facts.of(facts)
+        identity = known.identity
         matched: list[Rule] = []
         skipped: list[Rule] = []
         trusted: bool | None = None
         for rule in self._candidates(program, argv, identity):
-            if not rule.matches_args(args):
+            if not rule.matches_args(args) or not rule.matches_facts(known):
                 continue
             if not rule.restrictive and not os.path.isabs(rule.program):
                 if trusted is None:
@@ -215,6 +224,7 @@ class RuleSet:
         if identity is not None and identity.real_path:
             aliases.add(os.path.basename(identity.real_path))
             found.update((id(r), r) for r in self._by_name.get(identity.real_path, ()) if r.restrictive)
+        found.update((id(r), r) for r in self._by_name.get(ANY_PROGRAM, ()))
         if argv:
             aliases.add(os.path.basename(argv[0]))
         for alias in aliases:

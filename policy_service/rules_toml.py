@@ -21,6 +21,14 @@ Schema (every key is optional unless marked; unknown keys are errors)::
     match = ["git push origin main"]  # examples (strings split with shlex, or lists) that
     not_match = [["git", "status"]]   # must / must not match; checked at load
 
+    [[rule]]                          # a file-fact rule (issue #9 class 12); program optional
+    children_unseen = true            # true | false | "unknown": what the server said of the exec
+    file_kind = ["static", "setuid"]  # any of: static dynamic elf32 elf64 setuid setgid setcap
+                                      # script other malformed unknown
+    decision = "prompt"
+    match = [{ command = "./tool", children_unseen = true, file_kind = ["static"] }]
+    not_match = ["./tool"]            # a plain example stands for unknown facts
+
 A file is accepted whole or rejected whole: any error raises :class:`RulesError` naming the
 file, the rule (id and index) and, for a failing example, the example.
 """
@@ -35,13 +43,16 @@ from typing import Any
 from execgate.server.policy import Execution, Permissions
 
 from .rules_model import (
+    ANY_PROGRAM,
     Rule,
     RulesError,
     RulesFile,
     check_examples,
     fail,
     parse_decision,
+    parse_children_unseen,
     parse_examples,
+    parse_file_kind,
     parse_program,
     parse_token,
 )
@@ -49,7 +60,7 @@ from .rules_model import (
 _TOP_KEYS = frozenset({"default", "trusted_dirs", "host_executable", "rule"})
 _RULE_KEYS = frozenset({
     "id", "program", "prefix", "decision", "execution", "justification", "allow_env",
-    "match", "not_match",
+    "match", "not_match", "file_kind", "children_unseen",
 })
 _PERMISSION_KEYS = frozenset({"network", "writable_roots", "readable_roots"})
 
@@ -106,11 +117,13 @@ def _rule_group(table: Any, index: int, path: Path) -> list[Rule]:
         raise fail(path, where, f"id must be a non-empty string, not {rule_id!r}")
     where = f"rule {rule_id!r} (#{index})"
     _check_keys(table, _RULE_KEYS, path, where)
+    conditional = "file_kind" in table or "children_unseen" in table
     for required in ("program", "decision"):
-        if required not in table:
-            raise fail(path, where, f"missing required key {required!r}")
+        if required not in table and not (required == "program" and conditional):
+            raise fail(path, where, f"missing required key {required!r}"
+                       + (" (or a file_kind / children_unseen condition)" if required == "program" else ""))
     decision = parse_decision(table["decision"], path, where)
-    programs = table["program"]
+    programs = table.get("program", [ANY_PROGRAM])
     if isinstance(programs, str):
         programs = [programs]
     if not isinstance(programs, list) or not programs:
@@ -129,8 +142,14 @@ def _rule_group(table: Any, index: int, path: Path) -> list[Rule]:
         match=parse_examples(table.get("match", []), path, where, "match"),
         not_match=parse_examples(table.get("not_match", []), path, where, "not_match"),
         index=index,
+        file_kind=parse_file_kind(table["file_kind"], path, where) if "file_kind" in table else (),
+        children_unseen=(parse_children_unseen(table["children_unseen"], path, where)
+                         if "children_unseen" in table else None),
     )
-    group = [Rule(program=parse_program(p, path, where), **common) for p in programs]
+    if "program" not in table:
+        group = [Rule(program=ANY_PROGRAM, **common)]
+    else:
+        group = [Rule(program=parse_program(p, path, where), **common) for p in programs]
     check_examples(group, path, where)
     return group
 

@@ -44,8 +44,10 @@ from grpc_reflection.v1alpha import reflection
 from execgate.policy_service.approvals import ApprovalBroker
 from execgate.policy_service.audit import AuditLog
 from execgate.policy_service.decisions import DecisionService, RulesSource
+from execgate.policy_service.metrics import PolicyMetrics, server_interceptors
 from execgate.policy_service.servicer import ApprovalsServicer, EscalationPolicyServicer
 from execgate.policy_service.transport import TlsFiles, TokenInterceptor, add_port, new_token, write_private_file
+from execgate.server.telemetry import MetricsEndpoint
 from execgate.v1 import approvals_pb2, approvals_pb2_grpc, policy_pb2, policy_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,9 @@ class PolicyServer:
         approvals_token: if set, Approvals calls need this token instead (``token`` is refused
             for them); see :class:`~execgate.policy_service.transport.TokenInterceptor`.
         services: full names of the services to offer (default both, on one listener).
+        metrics: where the EscalationPolicy servicer counts and traces (default: a private
+            :class:`~execgate.policy_service.metrics.PolicyMetrics`); with its ``tracer_provider``
+            set, every call but health checks also gets OpenTelemetry's gRPC server span.
 
     Attributes:
         addresses: the bound addresses, in the order added.
@@ -81,15 +86,21 @@ class PolicyServer:
         token: str | None = None,
         approvals_token: str | None = None,
         services: Collection[str] = SERVICE_NAMES,
+        metrics: PolicyMetrics | None = None,
     ) -> None:
         self.decisions = decisions
+        self.metrics = metrics if metrics is not None else PolicyMetrics()
         self.services = tuple(name for name in SERVICE_NAMES if name in services)
         secured = token or approvals_token
-        interceptors = [TokenInterceptor(token, approvals_token=approvals_token)] if secured else []
+        interceptors = server_interceptors(self.metrics.tracer_provider)
+        if secured:
+            interceptors.append(TokenInterceptor(token, approvals_token=approvals_token))
         self._server = grpc.aio.server(interceptors=interceptors)
         self._health = health.aio.HealthServicer()
         if POLICY_SERVICE in self.services:
-            policy_pb2_grpc.add_EscalationPolicyServicer_to_server(EscalationPolicyServicer(decisions), self._server)
+            policy_pb2_grpc.add_EscalationPolicyServicer_to_server(
+                EscalationPolicyServicer(decisions, self.metrics), self._server
+            )
         if APPROVALS_SERVICE in self.services:
             approvals_pb2_grpc.add_ApprovalsServicer_to_server(ApprovalsServicer(decisions.approvals), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
@@ -98,6 +109,7 @@ class PolicyServer:
         )
         self.addresses: list[str] = []
         self.approvals_address: str | None = None
+        self.metrics_url: str | None = None
 
     def add_port(self, address: str, *, tls: TlsFiles | None = None) -> str:
         """Listen on ``address`` (before :meth:`start`); return the address clients should use.
@@ -159,6 +171,8 @@ async def running_service(
     no_approver_reason: str | None = None,
     grace_s: float = 1.0,
     rules_poll_s: float = 1.0,
+    metrics: PolicyMetrics | None = None,
+    metrics_listen: tuple[str, int] | None = None,
 ) -> AsyncIterator[PolicyServer]:
     """Run a policy service on ``address`` for the duration of the ``async with``.
 
@@ -175,28 +189,37 @@ async def running_service(
     Args:
         no_approver_reason: if set, every prompt is denied with this reason (see
             :class:`~execgate.policy_service.approvals.ApprovalBroker`).
+        metrics: this service's metrics and tracer (default: new ones, in a private registry).
+        metrics_listen: ``(host, port)`` to serve ``/metrics`` on (port 0: any free port), or
+            None for no endpoint. The caller checks the address (loopback unless asked).
 
     Yields:
-        The started decision server; ``server.addresses[0]`` is its bound address and
-        ``server.approvals_address`` where Approvals is served.
+        The started decision server; ``server.addresses[0]`` is its bound address,
+        ``server.approvals_address`` where Approvals is served, ``server.metrics`` its metrics
+        and ``server.metrics_url`` where they are served (or None).
 
     Raises:
-        AddressError: cannot listen. OSError: the audit log cannot be opened.
+        AddressError: cannot listen. OSError: the audit log cannot be opened, or the metrics
+        address cannot be bound.
     """
+    metrics = metrics if metrics is not None else PolicyMetrics()
     audit = AuditLog(audit_log) if audit_log else None
     broker = ApprovalBroker(timeout_s=approval_timeout_s, approver_wait_s=approver_wait_s,
                             refuse_reason=no_approver_reason)
+    metrics.watch_approvals(broker.pending_count, lambda: broker.approvers)
     decisions = DecisionService(rules, approvals=broker, audit=audit)
     if approvals_address is None:
         services = SERVICE_NAMES if serve_approvals else (POLICY_SERVICE,)
-        servers = [PolicyServer(decisions, token=token, approvals_token=approvals_token, services=services)]
+        servers = [PolicyServer(decisions, token=token, approvals_token=approvals_token, services=services,
+                                metrics=metrics)]
     else:
         servers = [
-            PolicyServer(decisions, token=token, services=(POLICY_SERVICE,)),
-            PolicyServer(decisions, approvals_token=approvals_token, services=(APPROVALS_SERVICE,)),
+            PolicyServer(decisions, token=token, services=(POLICY_SERVICE,), metrics=metrics),
+            PolicyServer(decisions, approvals_token=approvals_token, services=(APPROVALS_SERVICE,), metrics=metrics),
         ]
     watcher: asyncio.Task[None] | None = None
     started: list[PolicyServer] = []
+    endpoint: MetricsEndpoint | None = None
     try:
         servers[0].add_port(address, tls=tls)
         if approvals_address is not None:
@@ -208,8 +231,13 @@ async def running_service(
             started.append(server)
         if callable(getattr(rules, "watch", None)):
             watcher = asyncio.create_task(rules.watch(rules_poll_s), name="execgate-rules-watch")  # type: ignore[attr-defined]
+        if metrics_listen is not None:
+            endpoint = await asyncio.to_thread(MetricsEndpoint, metrics.registry, *metrics_listen)
+            servers[0].metrics_url = endpoint.url
         yield servers[0]
     finally:
+        if endpoint is not None:
+            await asyncio.to_thread(endpoint.close)
         if watcher is not None:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -249,6 +277,7 @@ async def serve_embedded(
     approver_wait_s: float = 0.0,
     approvals: bool = False,
     no_approver_reason: str | None = None,
+    metrics: PolicyMetrics | None = None,
 ) -> AsyncIterator[EmbeddedService]:
     """Run the policy service in this event loop on private Unix sockets (see the module doc).
 
@@ -261,6 +290,8 @@ async def serve_embedded(
             ``approvals.token``, mode 0600, in the same directory).
         no_approver_reason: deny every prompt with this reason (a session that could reach
             any approver of this process, e.g. one without a sandbox).
+        metrics: the service's metrics and tracer (``execgate run --metrics`` serves their
+            registry together with its client's); default: private ones.
 
     Yields:
         An :class:`EmbeddedService`: give ``address`` and ``token`` to
@@ -289,6 +320,7 @@ async def serve_embedded(
             approval_timeout_s=approval_timeout_s,
             approver_wait_s=approver_wait_s,
             no_approver_reason=no_approver_reason,
+            metrics=metrics,
         ) as server:
             yield EmbeddedService(server.addresses[0], token, server.approvals_address, token_file)
     finally:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import AsyncIterator, Mapping, NoReturn
 
 import grpc
 
 from execgate.policy_service.approvals import ApprovalBroker, ApprovalRequest, UnknownRequest
-from execgate.policy_service.decisions import DecisionService
+from execgate.policy_service.decisions import DecisionService, EscalationRefused
+from execgate.policy_service.metrics import ATTR_SESSION_ID, PolicyMetrics, describe_decision, describe_error
 from execgate.server import policy_codec as codec
 from execgate.server import protocol as p
 from execgate.v1 import approvals_pb2 as apb
@@ -60,9 +62,14 @@ def check_bounds(session: pb.SessionContext, target: pb.ExecTarget, env: Mapping
     scale = p.GRPC_TEXT_EXPANSION
     box = session.sandbox
     violation = p.session_bounds_violation(
-        session.session_id, session.labels, (*box.writable_roots, *box.readable_roots), scale=scale
+        session.session_id, session.labels, (*box.writable_roots, *box.readable_roots, *box.masked_dirs), scale=scale
     ) or p.exec_bounds_violation(
-        {"target.program": target.program, "target.workdir": target.workdir}, target.argv, env, scale=scale
+        {"target.program": target.program, "target.workdir": target.workdir,
+         "target.identity.real_path": target.identity.real_path, "target.identity.source": target.identity.source,
+         "target.file_problem": target.file_problem, "target.file.interpreter": target.file.interpreter,
+         "target.file.problem": target.file.problem,
+         "target.file.interpreter_info.interpreter": target.file.interpreter_info.interpreter},
+        target.argv, env, scale=scale,
     )
     if violation is not None:
         raise codec.CodecError(f"input bound exceeded: {violation}")
@@ -73,35 +80,53 @@ class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
 
     Args:
         decisions: the logic that decides and prepares.
+        metrics: where decisions, errors and latencies are counted, and the decision spans made
+            (default: a private :class:`PolicyMetrics` nobody serves).
     """
 
-    def __init__(self, decisions: DecisionService) -> None:
+    def __init__(self, decisions: DecisionService, metrics: PolicyMetrics | None = None) -> None:
         self.decisions = decisions
+        self.metrics = metrics if metrics is not None else PolicyMetrics()
 
     async def DetermineAction(  # noqa: N802 - gRPC method name
         self, request: pb.DetermineActionRequest, context: grpc.aio.ServicerContext
     ) -> pb.DetermineActionResponse:
-        try:
-            check_bounds(request.session, request.target)
-            session = codec.session_from_pb(request.session)
-            program, argv, workdir = codec.target_from_pb(request.target)
-            identity = codec.identity_from_pb(request.target)
-        except codec.CodecError as exc:
-            await _invalid(context, exc)
+        started = time.monotonic()
+        with self.metrics.decision_span() as span:
+            try:
+                check_bounds(request.session, request.target)
+                session = codec.session_from_pb(request.session)
+                program, argv, workdir = codec.target_from_pb(request.target)
+                facts = codec.facts_from_pb(request.target)
+            except codec.CodecError as exc:
+                self._failed(span, "invalid_argument", exc, started)
+                await _invalid(context, exc)
+            span.set_attribute(ATTR_SESSION_ID, session.session_id)
 
-        async def on_prompt(wait_s: float) -> None:
-            await context.send_initial_metadata(((PROMPT_METADATA_KEY, f"{wait_s:.3f}"),))
+            async def on_prompt(wait_s: float) -> None:
+                await context.send_initial_metadata(((PROMPT_METADATA_KEY, f"{wait_s:.3f}"),))
 
-        try:
-            decision, approver = await self.decisions.decide(
-                session, program, argv, workdir, budget_s=context.time_remaining(), on_prompt=on_prompt,
-                env=dict(request.env), identity=identity,
-            )
-        except Exception as exc:  # a rules-engine bug must reach the client as INTERNAL, not UNKNOWN
-            await _internal(context, "DetermineAction", exc)
+            try:
+                decision, approver, prompt = await self.decisions.decide(
+                    session, program, argv, workdir, budget_s=context.time_remaining(), on_prompt=on_prompt,
+                    env=dict(request.env), facts=facts,
+                )
+            except asyncio.CancelledError as exc:  # the caller went away before an answer
+                self._failed(span, "cancelled", exc, started)
+                raise
+            except Exception as exc:  # a rules-engine bug must reach the client as INTERNAL, not UNKNOWN
+                self._failed(span, "internal", exc, started)
+                await _internal(context, "DetermineAction", exc)
+            self.metrics.decided(decision.action, decision.rule_id, time.monotonic() - started, prompt)
+            describe_decision(span, decision.decision_id, decision.action, decision.rule_id, prompt)
         message = codec.decision_to_pb(decision)
         message.approver = approver
         return pb.DetermineActionResponse(decision=message)
+
+    def _failed(self, span, cause: str, exc: BaseException, started: float) -> None:
+        """Count and trace a DetermineAction that ends without a decision."""
+        self.metrics.failed(cause, time.monotonic() - started)
+        describe_error(span, cause, f"{type(exc).__name__}: {exc}")
 
     async def PrepareEscalatedExec(  # noqa: N802
         self, request: pb.PrepareEscalatedExecRequest, context: grpc.aio.ServicerContext
@@ -110,18 +135,20 @@ class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
             check_bounds(request.session, request.target, request.env)
             session = codec.session_from_pb(request.session)
             program, argv, workdir = codec.target_from_pb(request.target)
+            facts = codec.facts_from_pb(request.target)
             if not request.HasField("execution"):
                 raise codec.CodecError("execution is required")
             execution = codec.execution_from_pb(request.execution)
-            identity = codec.identity_from_pb(request.target)
         except codec.CodecError as exc:
+            self.metrics.prepare_errors.labels("invalid_argument").inc()
             await _invalid(context, exc)
         try:
             # In a worker thread: prepare evaluates the rules and builds a sandbox command line.
             prepared = await asyncio.to_thread(
-                self.decisions.prepare, session, program, argv, workdir, dict(request.env), execution, identity
+                self.decisions.prepare, session, program, argv, workdir, dict(request.env), execution, facts
             )
         except Exception as exc:
+            self.metrics.prepare_errors.labels("refused" if isinstance(exc, EscalationRefused) else "internal").inc()
             await _internal(context, "PrepareEscalatedExec", exc)
         return pb.PrepareEscalatedExecResponse(prepared=codec.prepared_to_pb(prepared))
 
@@ -132,7 +159,7 @@ def pending_to_pb(request: ApprovalRequest) -> apb.PendingApproval:
     return apb.PendingApproval(
         request_id=request.request_id,
         session=codec.session_to_pb(request.session),
-        target=codec.target_to_pb(request.program, request.argv, request.workdir),
+        target=codec.target_to_pb(request.program, request.argv, request.workdir, request.facts),
         rule_id=request.rule_id,
         reason=request.reason,
         execution=codec.execution_to_pb(request.execution),

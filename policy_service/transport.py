@@ -15,6 +15,7 @@ its own prompts.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import os
 import secrets
 import stat
@@ -56,6 +57,28 @@ def unix_path(address: str) -> str | None:
     if address.startswith("unix:"):
         return address[len("unix:"):]
     return None
+
+
+def is_local_address(address: str) -> bool:
+    """True when ``address`` can only be reached from this host: a Unix socket (``unix:…``) or a
+    TCP address whose host is ``localhost`` or a loopback IP (127.0.0.0/8, ``::1``; RFC 5735,
+    RFC 4291). A wildcard (``0.0.0.0``, ``[::]``), another IP or any other name is not local.
+
+    Raises:
+        ValueError: ``address`` is not ``unix:…``, ``HOST:PORT`` or ``[IPV6]:PORT``.
+    """
+    if address.startswith("unix:"):
+        return True
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{address!r} is neither unix:///path nor host:port")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def read_token(path: str | None) -> str | None:
@@ -144,6 +167,9 @@ def add_port(server: grpc.aio.Server, address: str, tls: TlsFiles | None) -> str
             raise AddressError("TLS is for TCP addresses; a Unix socket is protected by its file mode")
         if not os.path.isabs(path):
             raise AddressError(f"Unix socket path {path!r} must be absolute")
+        if not os.path.isdir(os.path.dirname(path)):
+            raise AddressError(f"cannot listen on {address}: directory {os.path.dirname(path)} does not exist "
+                               f"(create it first, e.g. mkdir -p -m 0700 {os.path.dirname(path)})")
         _remove_stale_socket(path)
         # The socket file must never be reachable by others, not even between bind and chmod.
         old = os.umask(0o177)

@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator
 
 import grpc
 
+from execgate.policy_service.approver import file_text
 from execgate.v1 import approvals_pb2 as apb
 from execgate.v1 import approvals_pb2_grpc
 
@@ -60,6 +61,8 @@ def pending_to_json(pending: apb.PendingApproval) -> dict[str, Any]:
         "execution": _execution_text(pending),
         "seconds_left": round(pending.seconds_left, 1),
         "env": _env_of(pending),
+        "file": file_text(pending),
+        "children_unseen": pending.target.children_unseen if pending.target.HasField("children_unseen") else None,
     }
 
 

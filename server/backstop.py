@@ -44,9 +44,9 @@ from typing import Sequence
 
 from execgate.server import protocol as p
 from execgate.server import seccomp_notify as sn
+from execgate.server.exec_facts import Coverage, learn
 from execgate.server.fdpass import close_fds, recv_datagram
-from execgate.server.identity import identify
-from execgate.server.policy import Decision, FileIdentity, Policy, SessionContext
+from execgate.server.policy import Decision, ExecFacts, Policy, SessionContext
 
 log = logging.getLogger(__name__)
 
@@ -282,10 +282,14 @@ class Backstop:
     async def _decide(self, exe: _Exec) -> int:
         """Ask the policy; returns 0 (Run) or the errno the exec fails with."""
         argv = [os.fsdecode(a) for a in exe.argv]
+        extra = {}
+        if getattr(self.policy, "accepts_facts", False):  # Policy doc: what trust rests on, the file's kind
+            uid, fd = await asyncio.to_thread(_caller_of, exe)
+            if exe.fd_link is not None and fd is None:  # never judge its path instead: another file
+                extra["facts"] = ExecFacts(children_unseen=False, problem=f"{exe.fd_link} could not be reopened")
+            else:
+                extra["facts"] = await learn(exe.tgid, exe.program, Coverage(seccomp=True), uid=uid, fd=fd)
         try:
-            extra = {}
-            if getattr(self.policy, "accepts_identity", False):  # Policy doc: the facts trust rests on
-                extra["identity"] = await asyncio.to_thread(_identify_exec, exe)
             decision = await self.policy.determine_action(exe.program, argv, exe.workdir, self.context, **extra)
         except Exception as exc:  # fail closed
             log.error("session %s: policy failed for %s: %r", self.context.session_id, exe.program, exc)
@@ -325,22 +329,20 @@ class Backstop:
             os.close(pidfd)
 
 
-def _identify_exec(exe: _Exec) -> FileIdentity | None:
-    """The notified exec's file, identified in the caller's view (:mod:`execgate.server.identity`):
-    by the very fd for ``execveat(fd, "", AT_EMPTY_PATH)`` (reopened ``O_PATH`` through
-    ``/proc/PID/fd/N``, proc(5)), else by its path. Runs in a worker thread; None on failure."""
+def _caller_of(exe: _Exec) -> tuple[int | None, int | None]:
+    """``(uid, fd)`` for :func:`execgate.server.exec_facts.learn` of a notified exec: the caller's
+    effective uid (None if unreadable: then nothing is trusted) and, for ``execveat(fd, "",
+    AT_EMPTY_PATH)``, that very fd reopened ``O_PATH`` through ``/proc/PID/fd/N`` (proc(5); owned
+    by the caller), else None (the path is walked in the caller's view). Never raises."""
     try:
-        uid = _uid(f"/proc/{exe.tgid}")
+        uid: int | None = _uid(f"/proc/{exe.tgid}")
+    except (OSError, ValueError, IndexError):
+        uid = None
+    try:
         fd = None if exe.fd_link is None else os.open(exe.fd_link, os.O_PATH | os.O_CLOEXEC)
     except OSError:
-        return None
-    try:
-        return identify(exe.program, pid=exe.tgid, uid=uid, fd=fd)
-    except OSError:
-        return None
-    finally:
-        if fd is not None:
-            os.close(fd)
+        return uid, None
+    return uid, fd
 
 
 def _uid(proc: str) -> int:

@@ -11,8 +11,9 @@ parts of execgate, all optional constructor arguments:
   the argv actually spawned
   (a bubblewrap sandbox prefixes ``bwrap ...``); ``sandbox`` (or the launcher's ``permissions``
   attribute) is the session's profile sent to the policy in ``SessionContext.sandbox``.
-* ``exec(env=..., on_output=...)`` — the shell's base environment, and a callback receiving output
-  chunks as they arrive so that a CLI can stream them live.
+* ``exec(env=..., on_output=..., max_capture=...)`` — the shell's base environment, a callback
+  receiving output chunks as they arrive so that a CLI can stream them live (it may push back by
+  returning an awaitable), and the cap on captured bytes (:mod:`execgate.server.output`).
 * the fallback socket path of each session (``EXECGATE_SOCKET_PATH``, :mod:`.session`).
 * ``seccomp_launcher`` — the seccomp backstop: every exec of the session's processes reaches the
   server, whatever made it (:mod:`execgate.server.backstop`).
@@ -28,11 +29,11 @@ import json
 import os
 import signal
 import time
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping, Protocol
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Protocol
 
 from execgate.server.escalation import Limits
-from execgate.server.fdpass import close_fds, wait_readable
+from execgate.server.output import DEFAULT_MAX_CAPTURE, OutputCallback, OutputPipes
 from execgate.server.policy import Permissions, Policy
 from execgate.server.session import ExtraEnv, Session
 from execgate.server.spawn import ChildProcess, spawn
@@ -42,8 +43,7 @@ TIMEOUT_EXIT_CODE = 124
 #: Seconds to keep reading the shell's pipes after it exited (background jobs may hold them).
 DRAIN_S = 2.0
 
-#: ``on_output(stream, data)``: ``stream`` is "stdout" or "stderr", ``data`` raw bytes as read.
-OutputCallback = Callable[[str, bytes], None]
+__all__ = ["DEFAULT_MAX_CAPTURE", "DRAIN_S", "TIMEOUT_EXIT_CODE", "EscalateServer", "ExecResult", "OutputCallback"]
 
 
 class ShellLauncher(Protocol):
@@ -70,10 +70,15 @@ class ExecResult:
 
     Attributes:
         exit_code: the shell's status (``128 + S`` if killed by signal S; 124 on timeout).
-        stdout, stderr: captured output, UTF-8 decoded with replacement.
-        output: stdout and stderr interleaved in arrival order.
+        stdout, stderr: captured output, UTF-8 decoded with replacement; at most ``max_capture``
+            bytes of each stream (a prefix, cut before a UTF-8 character the cap would split).
+        output: stdout and stderr interleaved in the order execgate read them (exact within a
+            stream; across the two pipes, only for writes execgate read before the other stream
+            was written to), capped the same way.
         duration: wall-clock seconds from start to the shell's exit.
         timed_out: True if the timeout killed the shell.
+        truncated: ``{"stdout"|"stderr"|"output": bytes not captured}`` for each stream that
+            was cut at the cap; empty when everything was captured.
     """
 
     exit_code: int
@@ -82,6 +87,7 @@ class ExecResult:
     output: str
     duration: float
     timed_out: bool
+    truncated: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,6 +112,9 @@ class EscalateServer:
             to 108 bytes).
         seccomp_launcher: path of ``execgate-seccomp-launch``: each session's shell is started under
             the seccomp backstop (:mod:`execgate.server.backstop`); None: no backstop.
+        on_note: called with each line for the user that a session has (once per session): why
+            a program a rule would escalate stays in the sandbox, which rule sandboxed an
+            escalation that failed. Default: a WARNING log line.
     """
 
     def __init__(
@@ -120,6 +129,7 @@ class EscalateServer:
         limits: Limits | None = None,
         socket_dir: str | None = None,
         seccomp_launcher: str | None = None,
+        on_note: Callable[[str], None] | None = None,
     ) -> None:
         self.shell = shell
         self.wrapper = os.path.abspath(wrapper)
@@ -130,6 +140,7 @@ class EscalateServer:
         self.limits = limits or Limits()
         self.socket_dir = socket_dir
         self.seccomp_launcher = seccomp_launcher
+        self.on_note = on_note
 
     def start_session(self, session_id: str | None = None, labels: Mapping[str, str] | None = None) -> Session:
         """Create a session and start serving it (needs a running event loop).
@@ -150,6 +161,7 @@ class EscalateServer:
             limits=self.limits,
             socket_dir=self.socket_dir,
             seccomp_launcher=self.seccomp_launcher,
+            on_note=self.on_note,
         )
 
     def shell_argv(self, command: str, *, login: bool, session: Session, workdir: str) -> list[str]:
@@ -174,6 +186,8 @@ class EscalateServer:
         on_output: OutputCallback | None = None,
         session_id: str | None = None,
         labels: Mapping[str, str] | None = None,
+        max_capture: int = DEFAULT_MAX_CAPTURE,
+        stderr_to_stdout: bool = False,
     ) -> ExecResult:
         """Run ``SHELL -c|-lc command`` in ``workdir`` in a fresh session and capture its output.
 
@@ -185,17 +199,26 @@ class EscalateServer:
             login: use ``-lc``.
             env: the shell's base environment (default the server's ``os.environ``); the session's
                 overlay is added on top.
-            on_output: called on the event loop with each chunk read, in arrival order.
+            on_output: called on the event loop with each chunk read, in arrival order; if it
+                returns an awaitable, that stream is not read again until it is done
+                (:data:`~execgate.server.output.OutputCallback`).
             session_id, labels: as :meth:`start_session`.
+            max_capture: bytes kept of each of ``stdout``, ``stderr`` and ``output`` (default
+                16 MiB; 0 keeps nothing, e.g. when ``on_output`` streams it all). The rest is read
+                and discarded, so the script never blocks on a full pipe; ``truncated`` counts it.
+            stderr_to_stdout: give the shell one pipe for stdout and stderr (as ``2>&1``):
+                ``stdout`` and ``output`` then hold both in exactly the order written, ``stderr``
+                is empty (with two pipes the order between them is only the order of reading).
 
         Stdin of the shell is ``/dev/null``. When the shell exits, the session closes (killing any
         escalated command still running) and its pipes are read for at most ``DRAIN_S`` more seconds.
 
         Raises:
+            ValueError: ``max_capture`` is negative.
             OSError: the shell could not be spawned.
         """
         started = time.monotonic()
-        capture = _Capture(on_output)
+        capture = OutputPipes(on_output, max_capture, stderr_to_stdout)
         try:
             async with self.start_session(session_id, labels) as session:
                 argv = self.shell_argv(command, login=login, session=session, workdir=workdir)
@@ -214,7 +237,9 @@ class EscalateServer:
             await capture.finish(DRAIN_S)  # after the session closed: escalated writers are gone
         finally:
             await capture.close()
-        return capture.result(status, duration, timed_out)
+        text = {name: buf.text() for name, buf in capture.buffers.items()}
+        return ExecResult(exit_code=status, duration=duration, timed_out=timed_out,
+                          truncated=capture.truncated(), **text)
 
 
 async def _wait_shell(shell: ChildProcess, timeout_s: float | None) -> tuple[int, bool]:
@@ -230,70 +255,3 @@ async def _wait_shell(shell: ChildProcess, timeout_s: float | None) -> tuple[int
         shell.signal_group(signal.SIGKILL)
         await asyncio.shield(shell.wait())
         raise
-
-
-class _Capture:
-    """The shell's stdout/stderr pipes (owned here) and their output, per stream and interleaved."""
-
-    def __init__(self, on_output: OutputCallback | None) -> None:
-        self.on_output = on_output
-        self.chunks: list[tuple[str, bytes]] = []
-        self.fds: dict[str, int] = {}
-        self.tasks: list[asyncio.Future[None]] = []
-        try:
-            for name in ("stdout", "stderr"):
-                self.fds[name], self.fds[name + "_w"] = os.pipe()
-        except BaseException:
-            close_fds(self.fds.values())
-            raise
-
-    def write_ends(self) -> dict[int, int]:
-        """Destination → write end, for :func:`spawn`'s ``stdio``."""
-        return {1: self.fds["stdout_w"], 2: self.fds["stderr_w"]}
-
-    def close_write_ends(self) -> None:
-        close_fds([self.fds.pop("stdout_w"), self.fds.pop("stderr_w")])
-
-    def start(self) -> None:
-        self.tasks = [asyncio.ensure_future(self.drain(self.fds[n], n)) for n in ("stdout", "stderr")]
-
-    async def finish(self, timeout_s: float) -> None:
-        """Wait up to ``timeout_s`` seconds for both pipes to reach EOF."""
-        if self.tasks:
-            await asyncio.wait(self.tasks, timeout=timeout_s)
-
-    async def close(self) -> None:
-        """Stop reading and close every pipe end still open. Idempotent."""
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        close_fds(self.fds.values())
-        self.fds.clear()
-
-    async def drain(self, fd: int, name: str) -> None:
-        """Read ``fd`` (a pipe's read end, closed by :meth:`close`) until EOF."""
-        os.set_blocking(fd, False)
-        while True:
-            try:
-                data = os.read(fd, 65536)
-            except BlockingIOError:
-                await wait_readable(fd)
-                continue
-            if not data:
-                return
-            self.chunks.append((name, data))
-            if self.on_output is not None:
-                self.on_output(name, data)
-
-    def result(self, status: int, duration: float, timed_out: bool) -> ExecResult:
-        def text(parts: list[bytes]) -> str:
-            return b"".join(parts).decode("utf-8", errors="replace")
-
-        return ExecResult(
-            exit_code=status,
-            stdout=text([d for n, d in self.chunks if n == "stdout"]),
-            stderr=text([d for n, d in self.chunks if n == "stderr"]),
-            output=text([d for _, d in self.chunks]),
-            duration=duration,
-            timed_out=timed_out,
-        )

@@ -16,13 +16,11 @@ import os
 import signal
 import socket
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from execgate.server import protocol as p
 from execgate.server.fdpass import PeerClosedError, close_fds, recv_frame, send_frame
-from execgate.server.identity import identify, peer_cred
-from execgate.server.policy import (Decision, Execution, FileIdentity, Policy, PolicyError, PreparedExec,
-                                    SessionContext)
+from execgate.server.policy import Decision, ExecFacts, Execution, Policy, PolicyError, PreparedExec, SessionContext
 from execgate.server.spawn import DEFAULT_KILL_GRACE_S, ChildProcess, spawn
 
 log = logging.getLogger(__name__)
@@ -82,6 +80,8 @@ async def handle_connection(
     limits: Limits,
     on_spawn: Callable[[ChildProcess], None],
     on_run: Callable[[str, list[str], tuple[int, int] | None], None] | None = None,
+    learn: Callable[[str, int | None], Awaitable[ExecFacts]] | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> None:
     """Serve one exec on ``conn`` (non-blocking stream socket, owned and closed here).
 
@@ -91,23 +91,31 @@ async def handle_connection(
         on_run: called with the program (absolute), argv and the identified file's
             ``(st_dev, st_ino)`` (or None) just before a Run answer is sent (the seccomp backstop
             lets the wrapper's exec of exactly that through undecided).
+        learn: given the program (absolute) and the wrapper's target fd (owned: ``learn`` closes
+            it; None without one), what the server learns of the file in the caller's view
+            (:func:`execgate.server.exec_facts.learn`); sent to a policy that accepts facts.
+            None: nothing is learnt (no trust for basename rules, file facts unknown).
+        on_note: called with a line for the user: a Run decision's ``note`` (why a program a rule
+            would escalate stays in the sandbox), and, when a sandboxed escalation fails, which
+            rule sandboxed it and how (:func:`failure_note`).
 
     Never raises for peer errors (they are logged); propagates cancellation.
     """
     try:
-        request, program, identity = await _read_request(conn, limits)
-        decision = await _decide(policy, program, request, context, identity)
-        if decision.action == "escalate" and identity is not None and not identity.same_for_server:
-            decision = Decision.deny(
-                f"{program} is not the same file outside the sandbox (where an escalated command "
-                f"runs) as the one the caller would run ({identity.real_path or 'unnamed'})",
-                rule_id=decision.rule_id, decision_id=decision.decision_id)
+        request, program, target_fd = await _read_request(conn, limits)
+        facts = await _learn(learn, program, target_fd)
+        decision = await _decide(policy, program, request, context, facts)
+        decision = _same_file_outside(decision, program, facts)
         if decision.action == "run":
             if on_run is not None:
-                on_run(program, list(request.argv), None if identity is None else (identity.device, identity.inode))
+                on_run(program, list(request.argv), _dev_ino(facts))
+            if decision.note and on_note is not None:
+                on_note(decision.note)
             await _send(conn, p.EscalateResponse("Run"))
         elif decision.action == "escalate":
-            await _escalate(conn, policy, program, request, decision, context, limits, on_spawn, identity)
+            status = await _escalate(conn, policy, program, request, decision, context, limits, on_spawn, facts)
+            if status and on_note is not None and (note := failure_note(program, decision, status)):
+                on_note(note)
         else:
             await _send(conn, p.EscalateResponse("Deny", reason=decision.reason))
     except p.BoundsError as exc:  # a ProtocolError, but one the caller should read
@@ -126,20 +134,19 @@ async def handle_connection(
         conn.close()
 
 
-async def _read_request(conn: socket.socket, limits: Limits) -> tuple[p.EscalateRequest, str, FileIdentity | None]:
-    """Read the request frame and identify its target in the caller's view.
+async def _read_request(conn: socket.socket, limits: Limits) -> tuple[p.EscalateRequest, str, int | None]:
+    """Read the request frame.
 
     Returns:
-        ``(request, program, identity)``: ``program`` is ``file`` resolved lexically against
-        ``workdir`` (what the policy names and an escalation spawns); ``identity`` the facts of
-        :func:`execgate.server.identity.identify`, or None.
+        ``(request, program, target_fd)``: ``program`` is ``file`` resolved lexically against
+        ``workdir`` (what the policy names and an escalation spawns); ``target_fd`` the wrapper's
+        target fd (owned by the caller of this function), or None.
 
     Raises:
         TimeoutError: no frame within ``limits.request_timeout_s``.
         ProtocolError, BoundsError, OSError: as :func:`recv_frame` and ``EscalateRequest.from_obj``;
-            also a target-fd field without exactly one fd, or an fd without the field.
-
-    Fds: the target fd received (at most one) is closed here, in every case.
+            also a target-fd field without exactly one fd, or an fd without the field. Any fd
+            received is closed then.
     """
     async with asyncio.timeout(limits.request_timeout_s):
         payload, fds = await recv_frame(conn, max_bytes=limits.max_frame_bytes, max_fds=1)
@@ -149,28 +156,37 @@ async def _read_request(conn: socket.socket, limits: Limits) -> tuple[p.Escalate
             raise p.ProtocolError(f"request has {p.TARGET_FD_EXTENSION_FIELD}={request.target_fd} "
                                   f"but {len(fds)} fds attached")
         program = resolve_program(request.file, request.workdir)
-        peer = peer_cred(conn)
-        owned = os.dup(fds[0]) if fds else None  # the worker thread closes its own copy
-    finally:
+    except BaseException:
         close_fds(fds)
-    if peer is None:
-        close_fds([] if owned is None else [owned])
-        return request, program, None
-    identity = await asyncio.to_thread(_identify_owned, program, peer, owned)
-    return request, program, identity
+        raise
+    return request, program, (fds[0] if fds else None)
 
 
-def _identify_owned(program: str, peer: tuple[int, int], fd: int | None) -> FileIdentity | None:
-    """:func:`identify` in a worker thread; closes ``fd`` (owned) when done, even if the awaiting
-    task was cancelled meanwhile. Never raises for filesystem errors (None: nothing identified)."""
-    try:
-        return identify(program, pid=peer[0], uid=peer[1], fd=fd)
-    except OSError as exc:
-        log.info("identifying %s for pid %d failed: %s", program, peer[0], exc)
+async def _learn(learn: Callable[[str, int | None], Awaitable[ExecFacts]] | None, program: str,
+                 fd: int | None) -> ExecFacts | None:
+    """What ``learn`` says of the file (it owns ``fd``); None, with ``fd`` closed, without it."""
+    if learn is None:
+        close_fds([] if fd is None else [fd])
         return None
-    finally:
-        if fd is not None:
-            os.close(fd)
+    return await learn(program, fd)
+
+
+def _same_file_outside(decision: Decision, program: str, facts: ExecFacts | None) -> Decision:
+    """``decision``, or a Deny when it escalates a program whose path, in the server's own view
+    (where an escalated command is spawned), names another file than the caller would run."""
+    identity = None if facts is None else facts.identity
+    if decision.action != "escalate" or identity is None or identity.same_for_server:
+        return decision
+    return Decision.deny(
+        f"{program} is not the same file outside the sandbox (where an escalated command "
+        f"runs) as the one the caller would run ({identity.real_path or 'unnamed'})",
+        rule_id=decision.rule_id, decision_id=decision.decision_id)
+
+
+def _dev_ino(facts: ExecFacts | None) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of the identified file, or None."""
+    identity = None if facts is None else facts.identity
+    return None if identity is None else (identity.device, identity.inode)
 
 
 async def _send(conn: socket.socket, message: Any) -> None:
@@ -187,18 +203,19 @@ async def _refuse(conn: socket.socket, exc: p.BoundsError, context: SessionConte
         log.info("session %s: could not send the refusal: %s", context.session_id, send_exc)
 
 
-def _identity_kw(policy: Policy, identity: FileIdentity | None) -> dict[str, Any]:
-    """``{"identity": ...}`` for a policy that opts in (``accepts_identity``, Policy doc), else {}."""
-    return {"identity": identity} if getattr(policy, "accepts_identity", False) else {}
+def facts_kw(policy: Policy, facts: ExecFacts | None) -> dict[str, Any]:
+    """``{"facts": facts}`` for a policy that opts in (``accepts_facts``, Policy doc) when there
+    are facts, else {}."""
+    return {"facts": facts} if facts is not None and getattr(policy, "accepts_facts", False) else {}
 
 
 async def _decide(policy: Policy, program: str, request: p.EscalateRequest, context: SessionContext,
-                  identity: FileIdentity | None = None) -> Decision:
+                  facts: ExecFacts | None) -> Decision:
     try:
         # Opt-in (Policy doc): the environment lets a prompt show the approver what reaches the command.
-        env = {"env": dict(request.env)} if getattr(policy, "accepts_env", False) else {}
-        env.update(_identity_kw(policy, identity))
-        decision = await policy.determine_action(program, list(request.argv), request.workdir, context, **env)
+        extra: dict[str, Any] = {"env": dict(request.env)} if getattr(policy, "accepts_env", False) else {}
+        extra.update(facts_kw(policy, facts))
+        decision = await policy.determine_action(program, list(request.argv), request.workdir, context, **extra)
     except Exception as exc:  # fail closed: any policy failure is a Deny naming the cause
         log.error("session %s: policy failed for %s: %r", context.session_id, program, exc)
         return Decision.deny(_failure_reason(exc), error=True)
@@ -217,20 +234,22 @@ async def _escalate(
     context: SessionContext,
     limits: Limits,
     on_spawn: Callable[[ChildProcess], None],
-    identity: FileIdentity | None = None,
-) -> None:
+    facts: ExecFacts | None = None,
+) -> int | None:
+    """Prepare, spawn and supervise an escalated command; its status, or None if none was
+    spawned or nobody is left to tell."""
     execution = decision.execution or Execution()
     try:
-        prepared = await policy.prepare_escalated_exec(
+        prepared = await policy.prepare_escalated_exec(  # the rule that decided may depend on the facts
             program, list(request.argv), request.workdir, dict(request.env), execution, context,
-            **_identity_kw(policy, identity),
+            **facts_kw(policy, facts),
         )
         if not isinstance(prepared, PreparedExec) or not prepared.command:
             raise ValueError(f"malformed prepared exec {prepared!r}")
     except Exception as exc:  # fail closed
         log.error("session %s: prepare_escalated_exec failed for %s: %r", context.session_id, program, exc)
         await _send(conn, p.EscalateResponse("Deny", reason=_failure_reason(exc)))
-        return
+        return None
     await _send(conn, p.EscalateResponse("Escalate", extensions={p.SIGNALS_EXTENSION_FIELD: True}))
     async with asyncio.timeout(limits.request_timeout_s):
         payload, fds = await recv_frame(conn, max_bytes=limits.max_frame_bytes, max_fds=limits.max_fds)
@@ -241,11 +260,28 @@ async def _escalate(
         close_fds(fds)  # the server's copies: the child has its own now
     if isinstance(child, int):
         await _send(conn, p.SuperExecResult(child))
-        return
+        return None
     on_spawn(child)
     status = await _supervise(conn, child, limits)
     if status is not None:
         await _send(conn, p.SuperExecResult(status))
+    return status
+
+
+def failure_note(program: str, decision: Decision, status: int) -> str:
+    """What the user is told when a sandboxed escalation exits with ``status`` != 0: the rule
+    that escalated it, why, and the sandbox it ran in (network, writable roots), so that an
+    ``EROFS`` or a network error can be traced to the profile. "" for an unsandboxed one."""
+    execution = decision.execution or Execution()
+    if execution.kind == "unsandboxed":
+        return ""
+    perms = execution.permissions
+    how = ("in the session's own sandbox" if perms is None else
+           f"in a sandbox with network {'on' if perms.network else 'off'}, writable only where the session "
+           "can write" + (f" and {', '.join(perms.writable_roots)}" if perms.writable_roots else ""))
+    rule = f"rule {decision.rule_id}" if decision.rule_id else "the default decision"
+    why = f" ({decision.reason})" if decision.reason and not decision.reason.startswith("rule ") else ""
+    return f"{program} exited with status {status}; {rule} escalated it{why} {how}"
 
 
 def _failure_reason(exc: Exception) -> str:

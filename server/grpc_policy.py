@@ -19,6 +19,10 @@ reads headers on their own; cardinality is not on the wire, so the service is un
 
 Retries: only transport unavailability, by gRPC's own retry policy (service config), inside the
 same deadline; ``waitForReady`` is false so that a service that is down fails fast.
+
+Metrics and traces (:mod:`execgate.server.metrics`): every call's latency, the decisions answered
+by outcome and the failures by cause, kept apart; one CLIENT span per DetermineAction whose trace
+context travels in the request metadata.
 """
 
 from __future__ import annotations
@@ -26,13 +30,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
 import grpc
 
 from execgate.server import policy_codec as codec
-from execgate.server.policy import Decision, Execution, FileIdentity, PolicyError, PreparedExec, SessionContext
+from execgate.server.metrics import ClientMetrics, describe_answer, describe_failure, trace_metadata
+from execgate.server.policy import Decision, ExecFacts, Execution, PolicyError, PreparedExec, SessionContext
 from execgate.v1 import policy_pb2 as pb
 from execgate.v1 import policy_pb2_grpc
 
@@ -106,6 +112,8 @@ class GrpcPolicy:
             plaintext channel (the default for Unix sockets).
         timeout_s: deadline of an ordinary answer, in seconds.
         prompt_timeout_s: deadline of a DetermineAction that waits for an approver, in seconds.
+        metrics: where calls, decisions and failures are counted and spans made (default: a
+            private :class:`~execgate.server.metrics.ClientMetrics`); see ``self.metrics.registry``.
 
     The channel is created lazily inside the running event loop on the first call; close it
     with :meth:`aclose`. ``stats`` counts outcomes: run, escalate, deny (policy denials) and
@@ -120,6 +128,7 @@ class GrpcPolicy:
         tls: grpc.ChannelCredentials | None = None,
         timeout_s: float = 5.0,
         prompt_timeout_s: float = 300.0,
+        metrics: ClientMetrics | None = None,
     ) -> None:
         self.address = address
         self.timeout_s = timeout_s
@@ -131,14 +140,20 @@ class GrpcPolicy:
         self._stub: policy_pb2_grpc.EscalationPolicyStub | None = None
         self._determine_call: grpc.aio.UnaryStreamMultiCallable | None = None
         self.stats: Counter[str] = Counter()
+        self.metrics = metrics if metrics is not None else ClientMetrics()
+        self._inject = True
 
     def _get_stub(self) -> policy_pb2_grpc.EscalationPolicyStub:
         loop = asyncio.get_running_loop()
         if self._stub is None or self._loop is not loop:
+            interceptors = self.metrics.client_interceptors() or None
+            self._inject = interceptors is None  # the interceptors send the trace context themselves
             if self._tls is not None:
-                self._channel = grpc.aio.secure_channel(self.address, self._tls, options=_CHANNEL_OPTIONS)
+                self._channel = grpc.aio.secure_channel(self.address, self._tls, options=_CHANNEL_OPTIONS,
+                                                        interceptors=interceptors)
             else:
-                self._channel = grpc.aio.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
+                self._channel = grpc.aio.insecure_channel(self.address, options=_CHANNEL_OPTIONS,
+                                                          interceptors=interceptors)
             self._loop = loop
             self._stub = policy_pb2_grpc.EscalationPolicyStub(self._channel)
             self._determine_call = self._channel.unary_stream(
@@ -161,48 +176,60 @@ class GrpcPolicy:
 
     #: The escalation server passes the caller's environment (shown to approvers of a prompt).
     accepts_env = True
-
-    #: The escalation server passes what it identified of the file (``ExecTarget.identity``).
-    accepts_identity = True
+    #: The escalation server passes what it learnt of the file (``ExecTarget.identity`` and the
+    #: file info, fields 20 and 30-32).
+    accepts_facts = True
 
     async def determine_action(
         self, program: str, argv: Sequence[str], workdir: str, session: SessionContext,
-        env: Mapping[str, str] | None = None, identity: FileIdentity | None = None,
+        env: Mapping[str, str] | None = None, facts: ExecFacts | None = None,
     ) -> Decision:
         """Ask the service to decide one exec; never raises except on cancellation.
 
         Args:
             env: the caller's environment, or None; sent so that a prompt shows the approver
                 the variables that would reach the command.
-            identity: the server's facts about the file (``ExecTarget.identity``), or None.
+            facts: what the server learnt of the file (identity and file info, ``ExecTarget``
+                fields 20 and 30-32), or None to send none (then nothing is trusted).
 
         Returns:
             The service's decision, or ``Decision.deny(reason, error=True)`` on any failure.
         """
         request = pb.DetermineActionRequest(
-            session=codec.session_to_pb(session), target=codec.target_to_pb(program, argv, workdir, identity),
+            session=codec.session_to_pb(session), target=codec.target_to_pb(program, argv, workdir, facts),
             env={codec.wire_text(k): codec.wire_text(v) for k, v in (env or {}).items()},
         )
-        try:
-            response = _expect(await self._determine(request), pb.DetermineActionResponse)
-            decision = codec.decision_from_pb(response.decision)
-        except (grpc.aio.AioRpcError, codec.CodecError, _NoAnswer) as exc:
-            cause = self._describe(exc)
-            self.stats["error"] += 1
-            log.warning("policy error, failing closed (session %s, %s): %s", session.session_id, program, cause)
-            return Decision.deny(f"policy service error: {cause}", error=True)
+        started = time.monotonic()
+        with self.metrics.call_span(session.session_id) as span:
+            try:
+                response = _expect(await self._determine(request), pb.DetermineActionResponse)
+                decision = codec.decision_from_pb(response.decision)
+            except (grpc.aio.AioRpcError, codec.CodecError, _NoAnswer) as exc:
+                cause = self._describe(exc)
+                self._failed("DetermineAction", exc, started)
+                describe_failure(span, self._classify(exc), cause)
+                log.warning("policy error, failing closed (session %s, %s): %s", session.session_id, program, cause)
+                return Decision.deny(f"policy service error: {cause}", error=True)
+            describe_answer(span, decision.decision_id, decision.action, decision.rule_id)
+        self.metrics.calls.labels("DetermineAction").observe(time.monotonic() - started)
+        self.metrics.decisions.labels(decision.action).inc()
         self.stats[decision.action] += 1
         if decision.action == "deny":
             log.info("policy denied %s (session %s, rule %s): %s", program, session.session_id,
                      decision.rule_id or "default", decision.reason)
         return decision
 
+    def _failed(self, method: str, exc: Exception, started: float) -> None:
+        """Count a call that failed closed (never as a denial)."""
+        self.stats["error"] += 1
+        self.metrics.calls.labels(method).observe(time.monotonic() - started)
+        self.metrics.failures.labels(method, self._classify(exc)).inc()
+
     async def _determine(self, request: pb.DetermineActionRequest) -> object:
         self._get_stub()
         assert self._determine_call is not None
-        call = self._determine_call(
-            request, timeout=self.prompt_timeout_s, metadata=self._metadata, wait_for_ready=False
-        )
+        metadata = self._metadata + trace_metadata() if self._inject else self._metadata
+        call = self._determine_call(request, timeout=self.prompt_timeout_s, metadata=metadata, wait_for_ready=False)
         try:
             try:
                 async with asyncio.timeout(self.timeout_s):
@@ -224,20 +251,22 @@ class GrpcPolicy:
         env: Mapping[str, str],
         execution: Execution,
         session: SessionContext,
-        identity: FileIdentity | None = None,
+        facts: ExecFacts | None = None,
     ) -> PreparedExec:
-        """Ask the service what to spawn for an escalated exec (``identity`` as for
-        :meth:`determine_action`: the winning rule's env allowlist depends on trust).
+        """Ask the service what to spawn for an escalated exec (``facts`` as for
+        :meth:`determine_action`: the rule that decided, and so its env allowlist, depends on
+        them).
 
         Raises:
             PolicyError: the service failed or answered garbage; the message names the cause.
         """
         request = pb.PrepareEscalatedExecRequest(
             session=codec.session_to_pb(session),
-            target=codec.target_to_pb(program, argv, workdir, identity),
+            target=codec.target_to_pb(program, argv, workdir, facts),
             env={codec.wire_text(k): codec.wire_text(v) for k, v in env.items()},
             execution=codec.execution_to_pb(execution),
         )
+        started = time.monotonic()
         try:
             response = _expect(
                 await self._get_stub().PrepareEscalatedExec(
@@ -248,12 +277,31 @@ class GrpcPolicy:
             if not response.HasField("prepared"):
                 raise codec.CodecError("PreparedExec missing from the answer")
             prepared = codec.prepared_from_pb(response.prepared)
-            return codec.restore_text(prepared, (program, *argv, workdir, *env.keys(), *env.values()))
+            restored = codec.restore_text(prepared, (program, *argv, workdir, *env.keys(), *env.values()))
         except (grpc.aio.AioRpcError, codec.CodecError) as exc:
             cause = self._describe(exc)
-            self.stats["error"] += 1
+            self._failed("PrepareEscalatedExec", exc, started)
             log.warning("policy error preparing %s (session %s): %s", program, session.session_id, cause)
             raise PolicyError(f"policy service error: {cause}") from exc
+        self.metrics.calls.labels("PrepareEscalatedExec").observe(time.monotonic() - started)
+        return restored
+
+    def _unready(self) -> bool:
+        """True when the channel is not connected (a deadline then means unavailable, not slow)."""
+        state = self._channel.get_state() if self._channel is not None else None
+        return state is not None and state != grpc.ChannelConnectivity.READY
+
+    def _classify(self, exc: Exception) -> str:
+        """The bounded label of a failure: ``timeout``, ``unavailable``, ``garbage`` or the gRPC
+        status code name in lower case (see :class:`~execgate.server.metrics.ClientMetrics`)."""
+        if isinstance(exc, codec.CodecError):
+            return "garbage"
+        code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else grpc.StatusCode.DEADLINE_EXCEEDED
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return "unavailable" if self._unready() else "timeout"
+        if code == grpc.StatusCode.INTERNAL and "deserializ" in (exc.details() or "").lower():  # type: ignore[union-attr]
+            return "garbage"
+        return code.name.lower()
 
     def _describe(self, exc: Exception) -> str:
         """One line naming the cause of a failed call."""
@@ -261,9 +309,10 @@ class GrpcPolicy:
             isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         ):
             # Still retrying a transport failure when the deadline came? Then say that, not "slow".
-            state = self._channel.get_state() if self._channel is not None else None
-            if state is not None and state != grpc.ChannelConnectivity.READY:
-                return f"policy service at {self.address} is unavailable (connection {state.name.lower()}, no answer before the deadline)"
+            if self._unready():
+                assert self._channel is not None
+                state = self._channel.get_state().name.lower()
+                return f"policy service at {self.address} is unavailable (connection {state}, no answer before the deadline)"
             return f"policy service at {self.address} is not answering (no answer before the deadline)"
         if isinstance(exc, codec.CodecError):
             return f"policy service at {self.address} answered garbage: {exc}"

@@ -18,6 +18,12 @@ the kernel would resolve an absolute symlink met under ``/proc/PID/root`` agains
 root. Nothing under ``/proc`` is walked (its magic links name things in the caller's pid
 namespace, which the server cannot follow); such a file is identified only by its fd.
 
+The same walk opens the file whose headers :mod:`execgate.server.fileinfo` reads
+(:mod:`execgate.server.exec_facts`), so the identity and the file info are of one file, never two
+resolutions that could disagree. It is done by hand rather than with openat2(2) ``RESOLVE_IN_ROOT``
+(which would confine it just as well) because trust needs what only a walk sees: the real path and
+every directory crossed, those holding a symlink followed included; and it needs no Linux 5.6.
+
 The facts (:class:`~execgate.server.policy.FileIdentity`) go to the policy service, which judges
 trust from them alone. Every function here is synchronous and does filesystem calls: run it in a
 worker thread (``asyncio.to_thread``), never on an event loop.
@@ -29,6 +35,7 @@ import os
 import socket
 import stat
 import struct
+from typing import NamedTuple
 
 from execgate.server.policy import FileIdentity
 
@@ -65,6 +72,43 @@ def is_pseudo(path: str) -> bool:
     return any(path == root or path.startswith(root + "/") for root in PSEUDO_ROOTS)
 
 
+class Walked(NamedTuple):
+    """A path resolved in the caller's view by :func:`walk`.
+
+    Attributes:
+        fd: ``O_PATH`` fd of the final file (owned by whoever called :func:`walk`).
+        st: its stat.
+        real_path: its path in the caller's view, every symlink resolved.
+        link_dirs: real paths of the directories that held a symlink followed (a directory
+            holding a link could retarget it, so it counts as one holding the file).
+    """
+
+    fd: int
+    st: os.stat_result
+    real_path: str
+    link_dirs: frozenset[str]
+
+
+def open_root(pid: int) -> int:
+    """An ``O_PATH`` fd of process ``pid``'s root directory (``/proc/PID/root``, proc(5)), owned
+    by the caller. Raises OSError if the process is gone or its root cannot be opened."""
+    return os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def open_in_root(root: str, path: str) -> int:
+    """An ``O_PATH`` fd (owned by the caller) of absolute ``path`` as seen from the root directory
+    ``root`` (e.g. ``/proc/PID/root``), resolved by :func:`walk`.
+
+    Raises:
+        OSError: ``root`` cannot be opened or the path does not resolve (:class:`Unresolved`).
+    """
+    dirfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return walk(dirfd, path).fd
+    finally:
+        os.close(dirfd)
+
+
 def identify(program: str, *, pid: int, uid: int, fd: int | None = None) -> FileIdentity | None:
     """Identify the file an exec of ``program`` will run, as process ``pid`` sees it.
 
@@ -80,54 +124,68 @@ def identify(program: str, *, pid: int, uid: int, fd: int | None = None) -> File
         in the caller's view, or the caller is gone): the policy then trusts nothing.
     """
     try:
-        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        root = open_root(pid)
     except OSError:
         return None
     try:
-        return _identify(root, os.path.normpath(program), uid, fd)
+        walked = try_walk(root, program)
+        try:
+            return judge(root, program, uid, fd, walked)
+        finally:
+            if walked is not None:
+                os.close(walked.fd)
     finally:
         os.close(root)
 
 
-def _identify(root: int, program: str, uid: int, fd: int | None) -> FileIdentity | None:
-    """:func:`identify` once the caller's root is open (``root`` borrowed)."""
-    resolved: tuple[os.stat_result, str, set[str]] | None
+def try_walk(root: int, program: str) -> Walked | None:
+    """:func:`walk`, or None when the path does not resolve (Unresolved, ENOENT, ELOOP, EACCES …)."""
     try:
-        resolved = _resolve(root, program)
-    except OSError:  # Unresolved, ENOENT, ELOOP, EACCES …
-        resolved = None
+        return walk(root, os.path.normpath(program))
+    except OSError:
+        return None
+
+
+def judge(root: int, program: str, uid: int, fd: int | None, walked: Walked | None) -> FileIdentity | None:
+    """The identity of the file an exec of ``program`` runs, from the caller's ``root``
+    (borrowed), the caller's ``uid``, the wrapper's target ``fd`` (borrowed, or None) and the
+    path's resolution ``walked`` (borrowed, or None when it did not resolve).
+
+    Returns:
+        The facts; None when there is neither ``fd`` nor a resolution.
+    """
+    program = os.path.normpath(program)
     if fd is not None:
         st = os.fstat(fd)
-        if resolved is not None and (resolved[0].st_dev, resolved[0].st_ino) != (st.st_dev, st.st_ino):
-            resolved = None  # the path names another file now than the one that will run
-        source, real = "fd", resolved[1] if resolved is not None else _kernel_name(fd)
-    elif resolved is not None:
-        st, real, source = resolved[0], resolved[1], "path"
+        if walked is not None and (walked.st.st_dev, walked.st.st_ino) != (st.st_dev, st.st_ino):
+            walked = None  # the path names another file now than the one that will run
+        source, real = "fd", walked.real_path if walked is not None else _kernel_name(fd)
+    elif walked is not None:
+        st, real, source = walked.st, walked.real_path, "path"
     else:
         return None
-    if resolved is None:
+    if walked is None:
         chain_ok, modifiable = False, True  # the directories are unknown: assume the worst
     else:
-        chain_ok, modifiable = _judge_dirs(root, {os.path.dirname(real), *resolved[2]}, uid)
-        modifiable = modifiable or _modifiable(st, _readonly(fd, root, real), uid)
+        chain_ok, modifiable = _judge_dirs(root, {os.path.dirname(real), *walked.link_dirs}, uid)
+        modifiable = modifiable or _modifiable(st, _fd_readonly(walked.fd if fd is None else fd), uid)
     return FileIdentity(
         source=source, device=st.st_dev, inode=st.st_ino, uid=st.st_uid, mode=st.st_mode,
         real_path=real, root_dir_chain=chain_ok, caller_can_modify=modifiable,
-        pseudo_fs=is_pseudo(program) or is_pseudo(real) or resolved is None,
+        pseudo_fs=is_pseudo(program) or is_pseudo(real) or walked is None,
         same_for_server=_same_for_server(program, st),
     )
 
 
-def _resolve(root: int, path: str) -> tuple[os.stat_result, str, set[str]]:
+def walk(root: int, path: str) -> Walked:
     """Resolve absolute ``path`` from the caller's ``root`` (borrowed fd), following symlinks.
 
     Returns:
-        ``(stat of the final file, its real path, real paths of the directories that held every
-        symlink followed)``. A directory holding a link could retarget it, so it counts as one
-        holding the file.
+        The final file, open ``O_PATH`` (:class:`Walked`; its fd is the caller's to close).
 
     Raises:
-        Unresolved: too many components or symlinks, or the walk enters ``/proc``.
+        Unresolved: too many components or symlinks, the walk enters ``/proc``, or the path
+            names the root itself.
         OSError: a component is missing or cannot be opened (openat(2)).
     """
     todo = [c for c in reversed(path.split("/")) if c]
@@ -170,7 +228,12 @@ def _resolve(root: int, path: str) -> tuple[os.stat_result, str, set[str]]:
             fds.append(fd)
         if not names:
             raise Unresolved("the path names the root directory")
-        return os.fstat(fds[-1]), "/" + "/".join(names), link_dirs
+        final = fds.pop()
+        try:
+            return Walked(final, os.fstat(final), "/" + "/".join(names), frozenset(link_dirs))
+        except OSError:
+            os.close(final)
+            raise
     finally:
         for fd in fds:
             os.close(fd)
@@ -218,21 +281,6 @@ def _fd_readonly(fd: int) -> bool:
         return bool(os.fstatvfs(fd).f_flag & os.ST_RDONLY)
     except OSError:
         return False
-
-
-def _readonly(fd: int | None, root: int, real: str) -> bool:
-    """Whether the file lies on a read-only mount: from ``fd`` if given, else by reopening ``real``
-    (a real path: no symlink is followed) from the caller's ``root``."""
-    if fd is not None:
-        return _fd_readonly(fd)
-    try:
-        reopened = os.open(real.lstrip("/"), _PATH_FLAGS, dir_fd=root)
-    except OSError:
-        return False
-    try:
-        return _fd_readonly(reopened)
-    finally:
-        os.close(reopened)
 
 
 def _kernel_name(fd: int) -> str:

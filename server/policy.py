@@ -12,17 +12,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Mapping, Protocol, Sequence, runtime_checkable
 
+from execgate.server.fileinfo import FileInfo, kinds
+
 ExecutionKind = Literal["unsandboxed", "session_default", "permissions"]
 Action = Literal["run", "escalate", "deny"]
 
 
 @dataclass(frozen=True, slots=True)
 class Permissions:
-    """A sandbox permission profile: network on/off and filesystem roots (absolute paths)."""
+    """A sandbox permission profile: network on/off and filesystem roots (absolute paths).
+
+    ``masked_dirs`` are emptied (a tmpfs) before the roots are bound: the user's real HOME when
+    the session has a private one (:mod:`execgate.server.home`).
+    """
 
     network: bool = False
     writable_roots: tuple[str, ...] = ()
     readable_roots: tuple[str, ...] = ()
+    masked_dirs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +87,59 @@ class FileIdentity:
 
 
 @dataclass(frozen=True, slots=True)
+class ExecFacts:
+    """What the escalation server learnt of the file an exec will run, in the caller's view
+    (:func:`execgate.server.exec_facts.learn`; ``ExecTarget`` fields 20 and 30-32). One object
+    carries it from the server's request handler (or the backstop) through the policy client and
+    codec to the service's decisions, rules, audit log and approvers.
+
+    Both parts describe one file: the one the wrapper's target fd names, else the one the
+    request's path resolves to in the caller's view (one walk, :mod:`execgate.server.identity`).
+
+    Attributes:
+        file: the file's headers and mode (:func:`execgate.server.fileinfo.describe`), or None
+            if nothing was learnt (not readable, not a regular file, or a client that sends
+            nothing).
+        children_unseen: True if what the program execs would not be seen by the session's
+            interception (:mod:`execgate.server.exec_facts`); None when unknown, which is kept
+            distinct from False.
+        problem: why ``file`` is None (or a fact is missing), for the audit log; else None.
+        identity: which file it is and who could change it (:class:`FileIdentity`, issue #9
+            class 4), the only ground for trusting it; None when it could not be identified
+            (then no basename rule's trust applies).
+    """
+
+    file: FileInfo | None = None
+    children_unseen: bool | None = None
+    problem: str | None = None
+    identity: FileIdentity | None = None
+
+    @property
+    def kinds(self) -> frozenset[str]:
+        """The file's tags (:func:`execgate.server.fileinfo.kinds`; ``{"unknown"}`` without facts)."""
+        return kinds(self.file)
+
+    @property
+    def summary(self) -> str:
+        """One line for people: ``static elf64 x86_64; children unseen`` (approvers, check)."""
+        info = self.file
+        if info is None:
+            what = "file not read" + (f" ({self.problem})" if self.problem else "")
+        else:
+            words = sorted(self.kinds - {"elf32", "elf64"}) + sorted(self.kinds & {"elf32", "elf64"})
+            words += [info.machine_name] if info.machine_name else []
+            if info.interpreter:
+                words.append(f"interpreter {info.interpreter}")
+            what = " ".join(words)
+        unseen = {True: "children unseen", False: "children seen", None: "children: unknown"}
+        return f"{what}; {unseen[self.children_unseen]}"
+
+
+#: The facts of a request that carries none (an older client, or a caller with no file).
+NO_FACTS = ExecFacts()
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """The answer to ``determine_action``.
 
@@ -91,6 +151,8 @@ class Decision:
         decision_id: unique id of this decision, for the audit trail.
         error: True when the decision is a fail-closed Deny caused by an error (policy service down,
             slow, garbage), kept apart from a real policy denial in logs and metrics.
+        note: a line for the caller's terminal ("" for none): e.g. why a program that a rule would
+            escalate stays in the sandbox, and how to allow it.
     """
 
     action: Action
@@ -99,6 +161,7 @@ class Decision:
     rule_id: str = ""
     decision_id: str = ""
     error: bool = False
+    note: str = ""
 
     @classmethod
     def run(cls, **kw: object) -> Decision:
@@ -145,9 +208,10 @@ class Policy(Protocol):
 
     A policy whose class sets ``accepts_env = True`` also gets the caller's environment in
     ``determine_action(..., env=...)`` (so that a prompt can show the approver what will reach
-    the command); others are called without it. Likewise ``accepts_identity = True``: it gets
-    ``identity=`` (a :class:`FileIdentity` or None) in both calls, the facts its trust judgement
-    must rest on (docs/DESIGN.md §5).
+    the command); others are called without it. Likewise a policy that sets
+    ``accepts_facts = True`` gets ``facts=`` (:class:`ExecFacts`: the file's identity, the
+    facts its trust judgement must rest on, docs/DESIGN.md §5, and its file info) in both
+    ``determine_action`` and ``prepare_escalated_exec``.
     """
 
     async def determine_action(

@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from execgate.server.policy import Decision, Execution, FileIdentity, Permissions, PreparedExec, SessionContext
+from execgate.server.fileinfo import FileInfo
+from execgate.server.policy import (NO_FACTS, Decision, ExecFacts, Execution, FileIdentity, Permissions, PreparedExec,
+                                    SessionContext)
 from execgate.v1 import policy_pb2 as pb
 
 
@@ -25,6 +27,7 @@ def permissions_to_pb(perms: Permissions) -> pb.Permissions:
         network=perms.network,
         writable_roots=list(perms.writable_roots),
         readable_roots=list(perms.readable_roots),
+        masked_dirs=list(perms.masked_dirs),
     )
 
 
@@ -34,13 +37,14 @@ def permissions_from_pb(msg: pb.Permissions) -> Permissions:
     Raises:
         CodecError: a root is not an absolute path.
     """
-    for root in (*msg.writable_roots, *msg.readable_roots):
+    for root in (*msg.writable_roots, *msg.readable_roots, *msg.masked_dirs):
         if not os.path.isabs(root):
             raise CodecError(f"sandbox root {root!r} is not an absolute path")
     return Permissions(
         network=msg.network,
         writable_roots=tuple(msg.writable_roots),
         readable_roots=tuple(msg.readable_roots),
+        masked_dirs=tuple(msg.masked_dirs),
     )
 
 
@@ -117,11 +121,78 @@ def restore_text(prepared: PreparedExec, originals: Sequence[str]) -> PreparedEx
     )
 
 
-def target_to_pb(program: str, argv: Sequence[str], workdir: str, identity: FileIdentity | None = None) -> pb.ExecTarget:
+def target_to_pb(program: str, argv: Sequence[str], workdir: str, facts: ExecFacts | None = None) -> pb.ExecTarget:
+    """Encode an exec target; ``facts`` (None: none sent) fill ``identity`` (field 20) and
+    ``file``, ``children_unseen``, ``file_problem`` (30-32), each left unset where unknown."""
     msg = pb.ExecTarget(program=wire_text(program), argv=[wire_text(a) for a in argv], workdir=wire_text(workdir))
-    if identity is not None:
-        msg.identity.CopyFrom(identity_to_pb(identity))
+    if facts is not None:
+        if facts.identity is not None:
+            msg.identity.CopyFrom(identity_to_pb(facts.identity))
+        if facts.file is not None:
+            msg.file.CopyFrom(file_to_pb(facts.file))
+        if facts.children_unseen is not None:
+            msg.children_unseen = facts.children_unseen
+        msg.file_problem = wire_text(facts.problem or "")
     return msg
+
+
+_FORMATS = {"elf": pb.FileInfo.FORMAT_ELF, "script": pb.FileInfo.FORMAT_SCRIPT, "other": pb.FileInfo.FORMAT_OTHER}
+_LINKAGES = {"static": pb.FileInfo.LINKAGE_STATIC, "dynamic": pb.FileInfo.LINKAGE_DYNAMIC}
+
+
+def file_to_pb(info: FileInfo, depth: int = 0) -> pb.FileInfo:
+    """Encode a :class:`FileInfo` (a script's interpreter one level deep)."""
+    msg = pb.FileInfo(
+        format=_FORMATS[info.format], elf_class=info.elf_class or 0, linkage=_LINKAGES.get(info.linkage or "", 0),
+        interpreter=wire_text(info.interpreter or ""), setuid=info.setuid, setgid=info.setgid,
+        capabilities=info.capabilities, problem=info.problem or "",
+    )
+    if info.machine is not None:
+        msg.machine = info.machine
+    if info.interpreter_info is not None and depth == 0:
+        msg.interpreter_info.CopyFrom(file_to_pb(info.interpreter_info, 1))
+    return msg
+
+
+def file_from_pb(msg: pb.FileInfo, depth: int = 0) -> FileInfo:
+    """Decode a FileInfo (nesting past one interpreter level is ignored).
+
+    Raises:
+        CodecError: the format is unset or unknown, or the ELF class is not 0, 32 or 64.
+    """
+    formats = {v: k for k, v in _FORMATS.items()}
+    if msg.format not in formats:
+        raise CodecError(f"file.format {msg.format} is not ELF, SCRIPT or OTHER")
+    if msg.elf_class not in (0, 32, 64):
+        raise CodecError(f"file.elf_class {msg.elf_class} is not 32 or 64")
+    linkages = {v: k for k, v in _LINKAGES.items()}
+    interp = None
+    if msg.HasField("interpreter_info") and depth == 0:
+        interp = file_from_pb(msg.interpreter_info, 1)
+    return FileInfo(
+        format=formats[msg.format], elf_class=msg.elf_class or None,  # type: ignore[arg-type]
+        machine=msg.machine if msg.HasField("machine") else None,
+        linkage=linkages.get(msg.linkage),  # type: ignore[arg-type]
+        interpreter=msg.interpreter or None, setuid=msg.setuid, setgid=msg.setgid,
+        capabilities=msg.capabilities, problem=msg.problem or None, interpreter_info=interp,
+    )
+
+
+def facts_from_pb(msg: pb.ExecTarget) -> ExecFacts:
+    """What an exec target carries of its file: identity (field 20) and file info (30-32);
+    :data:`NO_FACTS` when it carries none.
+
+    Raises:
+        CodecError: ``identity`` or ``file`` is invalid (see :func:`identity_from_pb`,
+            :func:`file_from_pb`).
+    """
+    identity = identity_from_pb(msg)
+    if identity is None and not msg.HasField("file") and not msg.HasField("children_unseen") \
+            and not msg.file_problem:
+        return NO_FACTS
+    info = file_from_pb(msg.file) if msg.HasField("file") else None
+    unseen = msg.children_unseen if msg.HasField("children_unseen") else None
+    return ExecFacts(info, unseen, msg.file_problem or None, identity)
 
 
 def identity_to_pb(identity: FileIdentity) -> pb.FileIdentity:
@@ -134,7 +205,7 @@ def identity_to_pb(identity: FileIdentity) -> pb.FileIdentity:
 
 
 def identity_from_pb(msg: pb.ExecTarget) -> FileIdentity | None:
-    """The target's identity facts, or None when the client sent none.
+    """The target's identity (field 20), or None when the client sent none.
 
     Raises:
         CodecError: an unknown ``source``, or a ``real_path`` that is neither empty nor absolute.
@@ -173,7 +244,8 @@ def target_from_pb(msg: pb.ExecTarget) -> tuple[str, tuple[str, ...], str]:
 
 def decision_to_pb(decision: Decision) -> pb.Decision:
     msg = pb.Decision(
-        rule_id=decision.rule_id, decision_id=decision.decision_id, reason=decision.reason or ""
+        rule_id=decision.rule_id, decision_id=decision.decision_id, reason=decision.reason or "",
+        note=decision.note,
     )
     if decision.action == "run":
         msg.run.SetInParent()
@@ -191,7 +263,7 @@ def decision_from_pb(msg: pb.Decision) -> Decision:
         CodecError: no action is set, or an escalation carries no valid execution.
     """
     action = msg.WhichOneof("action")
-    common = {"rule_id": msg.rule_id, "decision_id": msg.decision_id}
+    common = {"rule_id": msg.rule_id, "decision_id": msg.decision_id, "note": msg.note}
     if action == "run":
         return Decision.run(reason=msg.reason or None, **common)
     if action == "escalate":

@@ -3,8 +3,10 @@
 The pieces, in order: choose the wrapper (native or Python) and the interception (preload shim or
 an ``EXEC_WRAPPER``-honouring shell); choose the sandbox (bubblewrap or none); reach a policy
 service — a running one (``--policy``) or an embedded one on a private Unix socket, through the
-same gRPC path; then :meth:`EscalateServer.exec` with the output streamed live (or captured and
-printed as JSON with ``--json``). ``execgate run`` exits with the script's status.
+same gRPC path; then :meth:`EscalateServer.exec` with the output streamed live through a
+back-pressured writer that holds none of it (or, with ``--json``, captured up to ``--max-capture``
+bytes per stream and printed as JSON; :mod:`execgate.server.output`). ``execgate run`` exits with
+the script's status.
 
 Prompts and the embedded service (docs/DESIGN.md §8): the embedded decision endpoint needs a
 per-run token held only in this process's memory, and the process makes itself non-dumpable
@@ -76,6 +78,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         help="execve wrapper run once per exec (default: native)")
     parser.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto",
                         help="auto: bwrap when it works here (default); bwrap: require it; none: unconfined")
+    parser.add_argument("--home", metavar="private|real|DIR", default=None,
+                        help="the session's HOME. private (the default with a sandbox): a fresh writable directory "
+                             "(HOME, XDG_*_HOME, pip/npm/cargo/Go caches point into it; .gitconfig gets only your "
+                             "user.name and user.email; removed at exit) and your real HOME is hidden; "
+                             "real (the default without a sandbox): your real HOME, WRITABLE in the sandbox: the "
+                             "session gets your dotfiles and credentials; DIR: like private, in DIR, kept")
     parser.add_argument("--seccomp", choices=("auto", "on", "off"), default="auto",
                         help="seccomp backstop: every exec of the session reaches the gate, whatever made it "
                              "(static and Go programs, raw system calls); auto: on where the kernel allows it (default)")
@@ -91,8 +99,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                              "needs a sandbox")
     parser.add_argument("--approval-timeout", metavar="SECONDS", type=_seconds, default=60.0,
                         help="seconds a prompt of the embedded service waits for an answer (default 60)")
-    parser.add_argument("--json", action="store_true", help="print the result (exit_code, stdout, stderr, output, duration, timed_out) as JSON instead of streaming")
+    parser.add_argument("--json", action="store_true",
+                        help="print the result (exit_code, stdout, stderr, output, duration, timed_out, truncated) "
+                             "as JSON instead of streaming")
+    parser.add_argument("--max-capture", metavar="BYTES", type=_byte_count, default=None,
+                        help="with --json: bytes kept of each of stdout, stderr and output (default 16777216, "
+                             "16 MiB); the rest is read and dropped, counted in `truncated`")
     parser.add_argument("-q", "--quiet", action="store_true", help="do not print the chosen sandbox on stderr")
+    from execgate.server import telemetry
+
+    telemetry.add_options(parser, service_name="execgate-run")
     parser.set_defaults(func=main)
 
 
@@ -104,6 +120,17 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
+def _byte_count(text: str) -> int:
+    """argparse type: a whole number of bytes >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of bytes: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 bytes, got {text!r}")
     return value
 
 
@@ -260,12 +287,14 @@ def make_undumpable() -> None:
 
 
 @contextlib.asynccontextmanager
-async def policy_address(args: argparse.Namespace, sandboxed: bool = True) -> AsyncIterator[PolicyEndpoint]:
+async def policy_address(args: argparse.Namespace, sandboxed: bool = True,
+                         metrics: object = None) -> AsyncIterator[PolicyEndpoint]:
     """The policy service's endpoint: ``--policy``, or an embedded service for this run.
 
     Args:
         sandboxed: False when the shell runs without a sandbox: the embedded service then denies
             every prompt (:data:`NO_SANDBOX_PROMPTS`).
+        metrics: the embedded service's :class:`~execgate.policy_service.metrics.PolicyMetrics`.
 
     Raises:
         RunSetupError: an option that does not fit, or the embedded service cannot start.
@@ -292,7 +321,7 @@ async def policy_address(args: argparse.Namespace, sandboxed: bool = True) -> As
             args.rules, audit_log=args.audit_log, default_rules=not args.no_default_rules,
             approvals=args.approver_wait is not None,
             approver_wait_s=args.approver_wait or 0.0, approval_timeout_s=args.approval_timeout,
-            no_approver_reason=None if sandboxed else NO_SANDBOX_PROMPTS,
+            no_approver_reason=None if sandboxed else NO_SANDBOX_PROMPTS, metrics=metrics,  # type: ignore[arg-type]
         )
         service = await embedded.__aenter__()
     except (RulesError, OSError) as exc:
@@ -309,10 +338,9 @@ async def policy_address(args: argparse.Namespace, sandboxed: bool = True) -> As
         await embedded.__aexit__(None, None, None)
 
 
-def _stream(stream: str, data: bytes) -> None:
-    out = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
-    out.write(data)
-    out.flush()
+def _note(text: str) -> None:
+    """A session's note for the user, on stderr (where the script's own stderr goes too)."""
+    print(f"execgate: note: {text}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -324,16 +352,22 @@ class _Plan:
     sandbox: object  # execgate.server.sandbox.ShellSandbox
     extra_env: object
     seccomp: tuple[str | None, str]  # (launcher path or None, note)
+    home: object  # execgate.server.home.SessionHome
     workdir: str
     labels: dict[str, str]
     token: str | None
     tls: object  # grpc.ChannelCredentials or None
+    metrics_listen: tuple[str, int] | None = None
+    tracing: object = None  # execgate.server.telemetry.Tracing or None
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
     """Resolve the options. Raises RunSetupError with a one-line reason."""
+    from execgate.server.home import HomeError, prepare_home, with_home
     from execgate.server.sandbox import SandboxError, choose_sandbox, unsafe_workdir
 
+    if args.max_capture is not None and not args.json:
+        raise RunSetupError("--max-capture is for --json (streamed output is never held)")
     if args.policy is not None and not args.policy.strip():
         raise RunSetupError("--policy: empty address (give unix:///path or host:port, or leave --policy out for the embedded service)")
     workdir = os.path.abspath(args.cwd or os.getcwd())
@@ -353,11 +387,23 @@ def _plan(args: argparse.Namespace) -> _Plan:
     if seccomp[0] is not None:
         visible.append(str(Path(seccomp[0]).parent))
     try:
-        sandbox = choose_sandbox(args.sandbox, workdir=workdir, readable=[sys.prefix, *visible],
+        sandbox = choose_sandbox(args.sandbox, workdir=workdir, readable=[sys.prefix, sys.base_prefix, *visible],
                                  hidden=policy_credentials(args))
     except SandboxError as exc:
         raise RunSetupError(f"--sandbox bwrap: {exc}") from exc
-    return _Plan(shell, wrapper, sandbox, extra_env, seccomp, workdir, labels, token, tls_credentials(args))
+    tls = tls_credentials(args)
+    try:
+        home = prepare_home(args.home, sandboxed=sandbox.mode == "bwrap", real_home=os.environ.get("HOME"))
+    except HomeError as exc:
+        raise RunSetupError(str(exc)) from exc
+    from execgate.server import telemetry
+
+    try:
+        metrics_listen, tracing = telemetry.options(args, service_name="execgate-run")
+    except telemetry.TelemetryError as exc:
+        raise RunSetupError(str(exc)) from exc
+    return _Plan(shell, wrapper, with_home(sandbox, home), extra_env, seccomp, home, workdir, labels, token, tls,
+                 metrics_listen, tracing)
 
 
 def policy_credentials(args: argparse.Namespace) -> list[str]:
@@ -416,13 +462,22 @@ def tls_credentials(args: argparse.Namespace) -> object:
 
 
 async def run(args: argparse.Namespace) -> int:
-    """Run ``args.script`` as ``execgate run`` does; returns the exit status to use."""
+    """Run ``args.script`` as ``execgate run`` does; returns the exit status to use. A private
+    HOME (``--home``) is removed afterwards, whatever happened."""
+    plan = _plan(args)
+    try:
+        return await _run_planned(args, plan)
+    finally:
+        plan.home.cleanup()  # type: ignore[attr-defined]
+
+
+async def _run_planned(args: argparse.Namespace, plan: _Plan) -> int:
     from execgate.server.sandbox import SandboxError
 
-    plan = _plan(args)
     rules = rules_line(args)
     if not args.quiet:
         print(f"execgate: {plan.sandbox.note}", file=sys.stderr, flush=True)  # type: ignore[attr-defined]
+        print(f"execgate: {plan.home.note}", file=sys.stderr, flush=True)  # type: ignore[attr-defined]
         print(f"execgate: {rules}", file=sys.stderr, flush=True)
         print(f"execgate: {plan.seccomp[1]}", file=sys.stderr, flush=True)
     received = _cancel_on_signals()
@@ -456,25 +511,61 @@ def _cancel_on_signals() -> list[int]:
 
 
 async def _run_session(args: argparse.Namespace, plan: _Plan) -> int:
-    from execgate.server.escalate_server import EscalateServer
+    from execgate.server.metrics import RunTelemetry
+
+    try:
+        telemetry = await asyncio.to_thread(RunTelemetry, plan.metrics_listen, plan.tracing, embedded=not args.policy)
+    except OSError as exc:
+        raise RunSetupError(f"--metrics {args.metrics}: {exc.strerror or exc}") from exc
+    if telemetry.endpoint is not None:
+        print(f"execgate: metrics: {telemetry.endpoint.url}", file=sys.stderr, flush=True)
+    try:
+        return await _run_gated(args, plan, telemetry)
+    finally:
+        await asyncio.to_thread(telemetry.close)
+
+
+async def _run_gated(args: argparse.Namespace, plan: _Plan, telemetry) -> int:
+    from execgate.server.escalate_server import DEFAULT_MAX_CAPTURE, EscalateServer
     from execgate.server.grpc_policy import GrpcPolicy
+    from execgate.server.output import StdioWriter, same_file
 
     sandboxed = getattr(plan.sandbox, "mode", "none") != "none"
-    async with policy_address(args, sandboxed) as endpoint:
+    async with policy_address(args, sandboxed, telemetry.service) as endpoint:
         token = plan.token if args.policy else endpoint.token
-        policy = GrpcPolicy(endpoint.address, token=token, tls=plan.tls)  # type: ignore[arg-type]
+        policy = GrpcPolicy(endpoint.address, token=token, tls=plan.tls, metrics=telemetry.client)  # type: ignore[arg-type]
         try:
             server = EscalateServer(plan.shell, str(plan.wrapper), policy, launcher=plan.sandbox,  # type: ignore[arg-type]
                                     extra_env=plan.extra_env,  # type: ignore[arg-type]
-                                    seccomp_launcher=plan.seccomp[0])
+                                    seccomp_launcher=plan.seccomp[0], on_note=_note)
+            # Streaming holds nothing (max_capture 0): chunks go straight to our stdout/stderr,
+            # through one pipe when those are one terminal or file (`2>&1`), to keep their order.
+            cap = (DEFAULT_MAX_CAPTURE if args.max_capture is None else args.max_capture) if args.json else 0
             result = await server.exec(
                 script_text(args.script), plan.workdir, timeout_s=args.timeout, login=args.login,
-                on_output=None if args.json else _stream, labels=plan.labels,
+                env={**os.environ, **plan.home.env},  # type: ignore[attr-defined]
+                on_output=None if args.json else StdioWriter(), labels=plan.labels, max_capture=cap,
+                stderr_to_stdout=not args.json and same_file(1, 2),
             )
         finally:
             await policy.aclose()
     if args.json:
-        print(result.to_json())
+        print_json_result(result, cap)
     elif result.timed_out:
         print(f"execgate: timed out after {args.timeout:g} s; killed everything the script started", file=sys.stderr)
     return result.exit_code
+
+
+def print_json_result(result: object, cap: int) -> None:
+    """``--json``: the result on stdout, written piecewise (no second copy of the output in one
+    string), and a one-line note on stderr if a stream was cut at ``cap`` bytes."""
+    import json
+
+    json.dump(result.to_dict(), sys.stdout)  # type: ignore[attr-defined]
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    truncated = result.truncated  # type: ignore[attr-defined]
+    if truncated:
+        counts = ", ".join(f"{name} {n}" for name, n in truncated.items())
+        print(f"execgate: --json: output truncated at {cap} bytes per stream; bytes dropped: {counts} "
+              "(see --max-capture)", file=sys.stderr, flush=True)

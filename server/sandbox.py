@@ -141,7 +141,11 @@ def bwrap_argv(
     Args:
         permissions: network on/off; writable roots bound read-write, readable roots read-only
             (the root is read-only already, so readable roots matter only for paths under a
-            private ``/tmp``).
+            private ``/tmp`` or a masked directory); masked directories (the user's real HOME
+            under a private one, :mod:`execgate.server.home`) replaced by an empty tmpfs before
+            the roots are bound, so that a root below one (the working directory, execgate's own
+            files, toolchains) still shows through: bwrap makes the mount points it needs in the
+            tmpfs (bwrap(1) "--tmpfs", "--bind").
         cwd: absolute directory the command starts in (``--chdir``); it is not bound: it must be
             visible inside (:func:`visible_inside`).
         private_tmp: mount a fresh tmpfs on ``/tmp`` (before the binds, so binds under /tmp show).
@@ -175,6 +179,9 @@ def bwrap_argv(
     argv += _private_run()
     if private_tmp:
         argv += ["--tmpfs", "/tmp"]
+    for path in permissions.masked_dirs:
+        if os.path.isabs(path) and os.path.isdir(path):
+            argv += ["--tmpfs", os.path.normpath(path)]
     for root in permissions.readable_roots:
         argv += ["--ro-bind-try", root, root]
     for root in permissions.writable_roots:
@@ -272,10 +279,12 @@ def choose_sandbox(
 ) -> ShellSandbox:
     """Resolve ``--sandbox auto|bwrap|none`` for a shell working in ``workdir``.
 
-    ``readable`` lists paths that must stay visible even under the private ``/tmp`` (execgate's
-    own install prefix, the wrapper, the preload shim: a virtualenv may live under /tmp).
+    ``writable`` lists further writable roots (a private HOME). ``readable`` lists paths that
+    must stay visible even under the private ``/tmp`` or a masked directory (execgate's own
+    install prefix, the wrapper, the preload shim: a virtualenv may live under /tmp).
     ``bwrap_dirs``: where bwrap is looked for (:func:`find_bwrap`). ``hidden``: files covered
-    inside (see :class:`ShellSandbox`).
+    inside (see :class:`ShellSandbox`). A private HOME is added by
+    :func:`execgate.server.home.with_home`.
 
     Raises:
         SandboxError: ``bwrap`` was asked for and cannot run here; or a bwrap sandbox (``auto``

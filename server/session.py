@@ -20,6 +20,8 @@ A session owns:
 * optionally the seccomp backstop (:mod:`.backstop`, ``seccomp_launcher``): the shell is started by
   a launcher whose seccomp listener the session serves, so that every exec of its processes reaches
   the policy; the per-exec handler tells it (``on_run``) what the wrapper was just allowed to run.
+* notes for the user (``on_note``): why a program a rule would escalate stays in the sandbox, which
+  rule sandboxed an escalation that failed; each told once.
 * every escalated process group it started: closing the session (``async with`` exit,
   :meth:`Session.close`, or cancellation of the owner) SIGTERMs them, SIGKILLs them after the grace
   period and reaps the leaders.
@@ -44,8 +46,10 @@ from typing import Callable, Mapping, Union
 from execgate.server import protocol as p
 from execgate.server.backstop import Backstop
 from execgate.server.escalation import Limits, handle_connection
+from execgate.server.exec_facts import Coverage, learn
 from execgate.server.fdpass import close_fds, encode_frame, recv_datagram, wait_readable
-from execgate.server.policy import Permissions, Policy, SessionContext
+from execgate.server.identity import peer_cred
+from execgate.server.policy import ExecFacts, Permissions, Policy, SessionContext
 from execgate.server.spawn import ChildProcess, signal_group
 
 log = logging.getLogger(__name__)
@@ -53,6 +57,9 @@ log = logging.getLogger(__name__)
 #: Extra env-overlay variables: a mapping, or a callable given the session (after its own overlay
 #: is set) that returns one. E.g. the preload shim adds ``LD_PRELOAD`` and ``EXECGATE_*`` variables.
 ExtraEnv = Union[Mapping[str, str], Callable[["Session"], Mapping[str, str]]]
+
+#: Most different notes (:meth:`Session._note`) told per session; later ones are dropped.
+MAX_NOTES = 32
 
 #: Where sessions' private fallback-socket directories are made unless the server names another.
 DEFAULT_SOCKET_PARENT = "/tmp"
@@ -83,6 +90,7 @@ class Session:
         limits: Limits | None = None,
         socket_dir: str | None = None,
         seccomp_launcher: str | None = None,
+        on_note: Callable[[str], None] | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()  # RuntimeError before any resource exists
         self.policy = policy
@@ -98,6 +106,8 @@ class Session:
         self._slots = asyncio.Semaphore(self.limits.max_concurrent)  # decisions in progress
         self._closed = False
         self._loop = loop
+        self._on_note = on_note
+        self._notes: set[str] = set()
         # Under /tmp, not TMPDIR: a TMPDIR inside the working directory would put the socket in a
         # writable root of the sandbox (and /tmp is short, for AF_UNIX's 108-byte paths).
         self._dir = tempfile.mkdtemp(prefix="execgate-", dir=socket_dir or DEFAULT_SOCKET_PARENT)  # mode 0700
@@ -127,6 +137,8 @@ class Session:
                 max_concurrent=self.limits.max_concurrent, max_bytes=self.limits.max_frame_bytes,
             )
             self._spawn_task(self.backstop.serve())
+        #: What the session's interception sees (preload ABIs, backstop): for "children unseen".
+        self.coverage = Coverage.of_session(self.env_overlay, seccomp=self.backstop is not None)
         self._spawn_task(self._serve_handshakes())
         self._spawn_task(self._serve_fallback())
 
@@ -256,9 +268,15 @@ class Session:
             raise
         held = True
         on_run = None
-        if self.backstop is not None:
-            pid, backstop = _peer_pid(conn), self.backstop  # the wrapper: it made the socket (unix(7))
-            on_run = None if pid is None else (lambda program, argv, ident: backstop.expect(pid, program, argv, ident))
+        peer = peer_cred(conn)  # the wrapper: it made the socket, or connected (unix(7))
+        pid, uid = (None, None) if peer is None else peer
+        if self.backstop is not None and pid is not None:
+            backstop, caller = self.backstop, pid
+            on_run = lambda program, argv, ident: backstop.expect(caller, program, argv, ident)  # noqa: E731
+        coverage = self.coverage
+
+        async def learn_facts(program: str, fd: int | None) -> ExecFacts:
+            return await learn(pid, program, coverage, uid=uid, fd=fd)
 
         def release() -> None:
             nonlocal held
@@ -272,9 +290,20 @@ class Session:
 
         try:
             await handle_connection(conn, policy=self.policy, context=self.context, limits=self.limits,
-                                    on_spawn=on_spawn, on_run=on_run)
+                                    on_spawn=on_spawn, on_run=on_run, learn=learn_facts, on_note=self._note)
         finally:
             release()
+
+    def _note(self, text: str) -> None:
+        """Tell the user ``text`` once per session (at most :data:`MAX_NOTES` different ones): the
+        ``on_note`` hook, else a WARNING log line."""
+        if text in self._notes or len(self._notes) >= MAX_NOTES:
+            return
+        self._notes.add(text)
+        if self._on_note is not None:
+            self._on_note(text)
+        else:
+            log.warning("session %s: %s", self.session_id, text)
 
     def _track(self, child: ChildProcess) -> None:
         # Called from the connection's own task right after the spawn, never after close() began:
@@ -296,7 +325,7 @@ def _check_bounds(context: SessionContext) -> None:
     """Raises ValueError if the session id, labels or sandbox roots exceed their bounds
     (:mod:`execgate.server.protocol`); the policy service would refuse every request otherwise."""
     box = context.sandbox
-    roots = () if box is None else (*box.writable_roots, *box.readable_roots)
+    roots = () if box is None else (*box.writable_roots, *box.readable_roots, *box.masked_dirs)
     violation = p.session_bounds_violation(context.session_id, context.labels, roots)
     if violation is not None:
         raise ValueError(violation)
@@ -320,15 +349,6 @@ def _listen(path: str) -> socket.socket:
         listener.close()
         raise
     return listener
-
-
-def _peer_pid(conn: socket.socket) -> int | None:
-    """The peer's pid in our pid namespace (``SO_PEERCRED``; 0 if it is outside it), or None."""
-    try:
-        pid, _, _ = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    except OSError:
-        return None
-    return pid or None
 
 
 def _peer_uid(conn: socket.socket) -> int | None:

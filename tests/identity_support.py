@@ -1,8 +1,8 @@
 """Program-identity facts for tests of the policy side (docs/DESIGN.md §5).
 
 The rules engine judges trust only from the :class:`~execgate.server.policy.FileIdentity` an
-escalation server sends. Tests of rules name paths that need not exist on this machine
-(``/usr/bin/npm``), so :func:`system_facts` builds the facts a server would send for such a file
+escalation server sends (``ExecFacts.identity``). Tests of rules name paths that need not exist on this machine
+(``/usr/bin/npm``), so :func:`system_facts` builds the facts (:func:`system_identity` the identity) a server would send for such a file
 as if it lay where its path says: a root-owned, read-only file in a system directory, or a file
 an unprivileged caller owns under ``/tmp`` or ``/home``.
 """
@@ -12,14 +12,19 @@ from __future__ import annotations
 import os
 import stat
 
-from execgate.server.policy import FileIdentity
+from execgate.server.policy import ExecFacts, FileIdentity
 
 #: Directories whose files tests treat as the caller's own (never trusted).
 CALLER_DIRS = ("/tmp/", "/home/", "/var/tmp/")
 
 
-def system_facts(program: str, **overrides: object) -> FileIdentity:
-    """Facts for ``program`` (absolute): trusted unless it lies under :data:`CALLER_DIRS`, ``/proc``
+def system_facts(program: str, **overrides: object) -> ExecFacts:
+    """:class:`ExecFacts` holding :func:`system_identity` (no file info: file facts unknown)."""
+    return ExecFacts(identity=system_identity(program, **overrides))
+
+
+def system_identity(program: str, **overrides: object) -> FileIdentity:
+    """Identity for ``program`` (absolute): trusted unless it lies under :data:`CALLER_DIRS`, ``/proc``
     or ``/dev``; ``overrides`` replace single fields (e.g. ``real_path``)."""
     program = os.path.normpath(program)
     own = program.startswith(CALLER_DIRS)

@@ -44,6 +44,8 @@ function render(request) {
   text(card, ".rule", request.rule || "(default)");
   text(card, ".justification", request.justification || "no justification");
   text(card, ".execution", request.execution);
+  text(card, ".file", request.file || "");
+  if (request.children_unseen === true) card.classList.add("children-unseen");
   fillEnv(card, request.env);
   for (const button of card.querySelectorAll("button[data-verdict]")) {
     button.addEventListener("click", () => answer(request, card, button.dataset.verdict));

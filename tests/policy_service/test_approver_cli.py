@@ -83,3 +83,29 @@ async def test_piped_approver_exits_when_input_ends_mid_answer(service) -> None:
     assert proc.returncode == 0, err.decode()
     assert [a.WhichOneof("action") for a in answers] == ["deny", "deny"]
     assert sum(a.approver == "bot" for a in answers) == 1
+
+
+async def test_unreachable_service_is_an_error_even_with_no_input(short_tmp) -> None:
+    """Issue #12 item 7: `execgate approve </dev/null` against no service exits 1 with the cause,
+    instead of 0 as though it had finished its work."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "execgate.server.cli", "approve", "--policy", f"unix://{short_tmp}/none.sock",
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 1, (out, err)
+    assert b"execgate approve: UNAVAILABLE" in err and b"watching" not in out
+
+
+async def test_wrong_credential_is_an_error_even_with_no_input(service, short_tmp) -> None:
+    token = short_tmp / "wrong.token"
+    token.write_text("not-the-token-of-this-service\n")
+    async with service(token="the-real-token-of-this-service") as server:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "execgate.server.cli", "approve", "--policy", server.addresses[0],
+            "--token-file", str(token),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 1, (out, err)
+    assert b"UNAUTHENTICATED" in err

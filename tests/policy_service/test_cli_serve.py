@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import stat
 import sys
 import time
@@ -17,6 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from execgate.policy_service.server import serve_embedded
+from execgate.policy_service.transport import is_local_address
 from execgate.server.grpc_policy import GrpcPolicy
 from execgate.server.policy import SessionContext
 from identity_support import system_facts
@@ -69,11 +71,11 @@ async def test_policy_process_killed_mid_session(short_tmp: Path, rules_file: Pa
     async with serve_process(short_tmp, rules_file) as (proc, address):
         # A generous deadline: a freshly started service on a loaded machine may answer slowly.
         policy = GrpcPolicy(address, timeout_s=5)
-        before = await policy.determine_action("/usr/bin/echo", ["echo", "hi"], "/tmp", SESSION, identity=system_facts("/usr/bin/echo"))
+        before = await policy.determine_action("/usr/bin/echo", ["echo", "hi"], "/tmp", SESSION, facts=system_facts("/usr/bin/echo"))
         proc.kill()
         await proc.wait()
         started = time.monotonic()
-        after = await policy.determine_action("/usr/bin/echo", ["echo", "hi"], "/tmp", SESSION, identity=system_facts("/usr/bin/echo"))
+        after = await policy.determine_action("/usr/bin/echo", ["echo", "hi"], "/tmp", SESSION, facts=system_facts("/usr/bin/echo"))
         elapsed = time.monotonic() - started
         await policy.aclose()
         # grpc delivers the completion of an interrupted reconnect attempt to this loop shortly
@@ -93,6 +95,70 @@ async def test_serve_bad_rules_exits_2(short_tmp: Path) -> None:
     )
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2 and b"bad.toml" in err
+
+
+async def test_serve_missing_socket_directory_is_one_clear_line(short_tmp: Path, rules_file: Path) -> None:
+    """Issue #12 item 7: no raw gRPC core log line, one message that names the directory."""
+    missing = short_tmp / "no-such-dir"
+    proc = await asyncio.create_subprocess_exec(
+        *CLI, "policy", "serve", "--listen", f"unix://{missing}/p.sock", "--rules", str(rules_file),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2, err
+    lines = [line for line in err.decode().splitlines() if " INFO " not in line and " WARNING " not in line]
+    assert lines == [f"execgate policy serve: cannot listen on unix://{missing}/p.sock: directory {missing} does "
+                     f"not exist (create it first, e.g. mkdir -p -m 0700 {missing})"], err
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:{port}", "[::]:{port}", "192.0.2.1:{port}"])
+async def test_serve_refuses_plaintext_beyond_loopback(rules_file: Path, listen: str) -> None:
+    """Issue #12 item 7: a TCP listener other hosts may reach needs TLS, or --insecure said aloud."""
+    proc = await asyncio.create_subprocess_exec(
+        *CLI, "policy", "serve", "--listen", listen.format(port=_free_port()), "--rules", str(rules_file),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2, err
+    assert b"plaintext on a non-loopback address" in err and b"--insecure" in err
+
+
+async def test_serve_insecure_listens_beyond_loopback(rules_file: Path) -> None:
+    port = _free_port()
+    proc = await asyncio.create_subprocess_exec(
+        *CLI, "policy", "serve", "--listen", f"0.0.0.0:{port}", "--insecure", "--rules", str(rules_file),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        line = b""
+        while b"listening on" not in line:
+            line = await asyncio.wait_for(proc.stderr.readline(), 30)
+            assert line, "policy serve exited before listening"
+        # Served for real: a decision over TCP on the loopback side of the wildcard.
+        policy = GrpcPolicy(f"127.0.0.1:{port}")
+        try:
+            decision = await policy.determine_action("/bin/true", ["true"], "/", SESSION)
+        finally:
+            await policy.aclose()
+        assert decision.action == "run"
+    finally:
+        proc.kill()
+        await proc.wait()
+
+
+def test_local_addresses() -> None:
+    local = ["unix:///run/x.sock", "127.0.0.1:1", "127.8.9.10:1", "localhost:1", "[::1]:1"]
+    remote = ["0.0.0.0:1", "[::]:1", "10.0.0.1:1", "example.invalid:1", "[2001:db8::1]:1"]
+    assert [is_local_address(a) for a in local] == [True] * len(local)
+    assert [is_local_address(a) for a in remote] == [False] * len(remote)
+    with pytest.raises(ValueError):
+        is_local_address("no-port")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 async def test_serve_embedded(rules_file: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from execgate.policy_service.rules import DEFAULT_RULES_PATH, RuleSet, RulesError
 from execgate.server.policy import Execution, Permissions
-from identity_support import system_facts
+from identity_support import system_facts, system_identity
 
 RULES = """
 [[rule]]
@@ -247,6 +247,6 @@ def test_default_rules(program, argv, decision, rule_id):
 
 def test_is_trusted_uses_root_owned_system_dirs():
     rules = RuleSet([])
-    assert rules.is_trusted("/usr/bin/env", system_facts("/usr/bin/env"))
-    assert not rules.is_trusted("/tmp/env", system_facts("/tmp/env"))  # the caller's own
-    assert not rules.is_trusted("env", system_facts("/usr/bin/env"))
+    assert rules.is_trusted("/usr/bin/env", system_identity("/usr/bin/env"))
+    assert not rules.is_trusted("/tmp/env", system_identity("/tmp/env"))  # the caller's own
+    assert not rules.is_trusted("env", system_identity("/usr/bin/env"))

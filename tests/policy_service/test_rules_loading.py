@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import textwrap
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 
 from execgate.policy_service.rules import DEFAULT_RULES_PATH, RuleSet, RulesError
 from execgate.server.policy import Execution
-from identity_support import system_facts
+from identity_support import system_facts, system_identity
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -196,7 +197,8 @@ def test_shipped_rules_load_and_pass_their_examples(path):
             program = head if head.startswith("/") else f"/usr/bin/{head}"
             if "/" in rule.program or "/" in head:
                 program = rule.program if expected else head
-            ids = {r.id for r in rules.evaluate(program, example, system_facts(program)).matched}
+            facts = dataclasses.replace(example.facts, identity=system_identity(program))
+            ids = {r.id for r in rules.evaluate(program, example, facts).matched}
             hit = rule.id in ids
             if expected:
                 checked += 1

@@ -50,7 +50,7 @@ class FixedRules:
 
     current = property(lambda self: self)
 
-    def evaluate(self, program: str, argv: Sequence[str], identity: object = None) -> _Eval:
+    def evaluate(self, program: str, argv: Sequence[str], facts: object = None) -> _Eval:
         return _Eval({"rm": "deny", "env": "escalate"}.get(program.rsplit("/", 1)[-1], "run"))
 
 
@@ -190,3 +190,14 @@ async def test_no_leftover_tasks_after_1000_failures(short_tmp: Path) -> None:
     await asyncio.sleep(0.5)  # late reconnect completions land on this loop, not a closed one
     assert len(decisions) == 1000 and all(d.action == "deny" and d.error for d in decisions)
     assert after <= before, (before, after)
+
+
+def test_masked_dirs_and_notes_cross_the_wire():
+    from execgate.server.policy import Decision, Permissions
+    from execgate.server.policy_codec import (decision_from_pb, decision_to_pb, permissions_from_pb,
+                                              permissions_to_pb)
+
+    perms = Permissions(network=True, writable_roots=("/w",), readable_roots=("/r",), masked_dirs=("/home/u",))
+    assert permissions_from_pb(permissions_to_pb(perms)) == perms
+    run = Decision.run(reason="default", note="why it stays in the sandbox", rule_id="", decision_id="d")
+    assert decision_from_pb(decision_to_pb(run)) == run

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from execgate.server.identity import identify
 from execgate.policy_service.rules import RuleSet
-from execgate.server.policy import FileIdentity
+from execgate.server.policy import ExecFacts, FileIdentity
 
 ME = os.getpid()
 NOBODY = 65534
@@ -84,12 +84,12 @@ def test_rules_trust_only_what_the_facts_show(tmp_path: Path) -> None:
                                      '[[rule]]\nprogram = "sudo"\ndecision = "deny"\n')
     rules = RuleSet.load([tmp_path / "r.toml"])
     good = identify("/usr/bin/env", pid=ME, uid=NOBODY)
-    assert rules.evaluate("/usr/bin/env", ["env"], good).decision == "escalate"
+    assert rules.evaluate("/usr/bin/env", ["env"], ExecFacts(identity=good)).decision == "escalate"
     assert rules.evaluate("/usr/bin/env", ["env"], None).decision == "run"  # no facts: no trust
     as_root = identify("/usr/bin/env", pid=ME, uid=0)
-    assert rules.evaluate("/usr/bin/env", ["env"], as_root).decision == ("run" if as_root.caller_can_modify else "escalate")
+    assert rules.evaluate("/usr/bin/env", ["env"], ExecFacts(identity=as_root)).decision == ("run" if as_root.caller_can_modify else "escalate")
     dev = FileIdentity(**{**{f: getattr(good, f) for f in good.__slots__}, "real_path": "/dev/env"})
-    assert rules.evaluate("/dev/env", ["env"], dev).decision == "run"  # /dev is never trusted
+    assert rules.evaluate("/dev/env", ["env"], ExecFacts(identity=dev)).decision == "run"  # /dev is never trusted
     # Restrictive rules follow the real file's name: /dev/fd/3 of sudo is denied.
     fd_sudo = FileIdentity(**{**{f: getattr(good, f) for f in good.__slots__}, "real_path": "/usr/bin/sudo"})
-    assert rules.evaluate("/dev/fd/3", ["x"], fd_sudo).decision == "deny"
+    assert rules.evaluate("/dev/fd/3", ["x"], ExecFacts(identity=fd_sudo)).decision == "deny"

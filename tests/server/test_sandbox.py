@@ -183,3 +183,15 @@ def test_spawn_refuses_a_relative_command():
 
     with pytest.raises(ValueError, match="absolute"):
         spawn(["true"], env={"PATH": "/usr/bin:/bin"}, cwd="/")
+
+
+def test_a_masked_dir_is_empty_but_roots_below_it_show(short_tmp):
+    masked = short_tmp / "home"
+    (masked / ".ssh").mkdir(parents=True)
+    (masked / ".ssh" / "id").write_text("secret\n")
+    (masked / "project").mkdir()
+    perms = Permissions(writable_roots=(str(masked / "project"),), masked_dirs=(str(masked),))
+    script = f"ls -A {masked}; cat {masked}/.ssh/id 2>/dev/null || echo hidden; touch {masked}/project/ok && echo wrote"
+    done = _run(bwrap_argv(perms, cwd=str(masked / "project")) + ["/bin/sh", "-c", script])
+    assert done.stdout.split() == ["project", "hidden", "wrote"], done.stderr
+    assert (masked / "project" / "ok").exists()

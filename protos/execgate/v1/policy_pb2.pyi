@@ -1,4 +1,5 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -7,14 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Permissions(_message.Message):
-    __slots__ = ("network", "writable_roots", "readable_roots")
+    __slots__ = ("network", "writable_roots", "readable_roots", "masked_dirs")
     NETWORK_FIELD_NUMBER: _ClassVar[int]
     WRITABLE_ROOTS_FIELD_NUMBER: _ClassVar[int]
     READABLE_ROOTS_FIELD_NUMBER: _ClassVar[int]
+    MASKED_DIRS_FIELD_NUMBER: _ClassVar[int]
     network: bool
     writable_roots: _containers.RepeatedScalarFieldContainer[str]
     readable_roots: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, network: _Optional[bool] = ..., writable_roots: _Optional[_Iterable[str]] = ..., readable_roots: _Optional[_Iterable[str]] = ...) -> None: ...
+    masked_dirs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, network: _Optional[bool] = ..., writable_roots: _Optional[_Iterable[str]] = ..., readable_roots: _Optional[_Iterable[str]] = ..., masked_dirs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Unsandboxed(_message.Message):
     __slots__ = ()
@@ -52,16 +55,22 @@ class SessionContext(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., sandbox: _Optional[_Union[Permissions, _Mapping]] = ...) -> None: ...
 
 class ExecTarget(_message.Message):
-    __slots__ = ("program", "argv", "workdir", "identity")
+    __slots__ = ("program", "argv", "workdir", "identity", "file", "children_unseen", "file_problem")
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     ARGV_FIELD_NUMBER: _ClassVar[int]
     WORKDIR_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_UNSEEN_FIELD_NUMBER: _ClassVar[int]
+    FILE_PROBLEM_FIELD_NUMBER: _ClassVar[int]
     program: str
     argv: _containers.RepeatedScalarFieldContainer[str]
     workdir: str
     identity: FileIdentity
-    def __init__(self, program: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., identity: _Optional[_Union[FileIdentity, _Mapping]] = ...) -> None: ...
+    file: FileInfo
+    children_unseen: bool
+    file_problem: str
+    def __init__(self, program: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., identity: _Optional[_Union[FileIdentity, _Mapping]] = ..., file: _Optional[_Union[FileInfo, _Mapping]] = ..., children_unseen: _Optional[bool] = ..., file_problem: _Optional[str] = ...) -> None: ...
 
 class FileIdentity(_message.Message):
     __slots__ = ("source", "device", "inode", "uid", "mode", "real_path", "root_dir_chain", "caller_can_modify", "pseudo_fs", "same_for_server")
@@ -87,6 +96,48 @@ class FileIdentity(_message.Message):
     same_for_server: bool
     def __init__(self, source: _Optional[str] = ..., device: _Optional[int] = ..., inode: _Optional[int] = ..., uid: _Optional[int] = ..., mode: _Optional[int] = ..., real_path: _Optional[str] = ..., root_dir_chain: _Optional[bool] = ..., caller_can_modify: _Optional[bool] = ..., pseudo_fs: _Optional[bool] = ..., same_for_server: _Optional[bool] = ...) -> None: ...
 
+class FileInfo(_message.Message):
+    __slots__ = ("format", "elf_class", "machine", "linkage", "interpreter", "setuid", "setgid", "capabilities", "problem", "interpreter_info")
+    class Format(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        FORMAT_UNSPECIFIED: _ClassVar[FileInfo.Format]
+        FORMAT_ELF: _ClassVar[FileInfo.Format]
+        FORMAT_SCRIPT: _ClassVar[FileInfo.Format]
+        FORMAT_OTHER: _ClassVar[FileInfo.Format]
+    FORMAT_UNSPECIFIED: FileInfo.Format
+    FORMAT_ELF: FileInfo.Format
+    FORMAT_SCRIPT: FileInfo.Format
+    FORMAT_OTHER: FileInfo.Format
+    class Linkage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        LINKAGE_UNSPECIFIED: _ClassVar[FileInfo.Linkage]
+        LINKAGE_STATIC: _ClassVar[FileInfo.Linkage]
+        LINKAGE_DYNAMIC: _ClassVar[FileInfo.Linkage]
+    LINKAGE_UNSPECIFIED: FileInfo.Linkage
+    LINKAGE_STATIC: FileInfo.Linkage
+    LINKAGE_DYNAMIC: FileInfo.Linkage
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    ELF_CLASS_FIELD_NUMBER: _ClassVar[int]
+    MACHINE_FIELD_NUMBER: _ClassVar[int]
+    LINKAGE_FIELD_NUMBER: _ClassVar[int]
+    INTERPRETER_FIELD_NUMBER: _ClassVar[int]
+    SETUID_FIELD_NUMBER: _ClassVar[int]
+    SETGID_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    INTERPRETER_INFO_FIELD_NUMBER: _ClassVar[int]
+    format: FileInfo.Format
+    elf_class: int
+    machine: int
+    linkage: FileInfo.Linkage
+    interpreter: str
+    setuid: bool
+    setgid: bool
+    capabilities: bool
+    problem: str
+    interpreter_info: FileInfo
+    def __init__(self, format: _Optional[_Union[FileInfo.Format, str]] = ..., elf_class: _Optional[int] = ..., machine: _Optional[int] = ..., linkage: _Optional[_Union[FileInfo.Linkage, str]] = ..., interpreter: _Optional[str] = ..., setuid: _Optional[bool] = ..., setgid: _Optional[bool] = ..., capabilities: _Optional[bool] = ..., problem: _Optional[str] = ..., interpreter_info: _Optional[_Union[FileInfo, _Mapping]] = ...) -> None: ...
+
 class Run(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -104,7 +155,7 @@ class Deny(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("run", "escalate", "deny", "rule_id", "decision_id", "reason", "approver")
+    __slots__ = ("run", "escalate", "deny", "rule_id", "decision_id", "reason", "approver", "note")
     RUN_FIELD_NUMBER: _ClassVar[int]
     ESCALATE_FIELD_NUMBER: _ClassVar[int]
     DENY_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +163,7 @@ class Decision(_message.Message):
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     APPROVER_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
     run: Run
     escalate: Escalate
     deny: Deny
@@ -119,7 +171,8 @@ class Decision(_message.Message):
     decision_id: str
     reason: str
     approver: str
-    def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ..., escalate: _Optional[_Union[Escalate, _Mapping]] = ..., deny: _Optional[_Union[Deny, _Mapping]] = ..., rule_id: _Optional[str] = ..., decision_id: _Optional[str] = ..., reason: _Optional[str] = ..., approver: _Optional[str] = ...) -> None: ...
+    note: str
+    def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ..., escalate: _Optional[_Union[Escalate, _Mapping]] = ..., deny: _Optional[_Union[Deny, _Mapping]] = ..., rule_id: _Optional[str] = ..., decision_id: _Optional[str] = ..., reason: _Optional[str] = ..., approver: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...
 
 class DetermineActionRequest(_message.Message):
     __slots__ = ("session", "target", "env")
