@@ -183,7 +183,8 @@ class ApprovalBroker:
             timeout_s: wait at most this long (seconds) instead of the broker's ``timeout_s``
                 (the service passes less when its caller's deadline is nearer).
             env: the environment that would reach the command (shown to approvers).
-            facts: the file's facts (shown to approvers; a grant covers a file of these facts only).
+            facts: the file's facts (shown to approvers; a grant covers a file of these facts only,
+                and the very file identified, by device and inode, when there is an identity).
 
         Returns:
             The outcome; never raises for a missing or silent approver.
@@ -191,7 +192,8 @@ class ApprovalBroker:
         if self.refuse_reason is not None:
             return ApprovalOutcome(False, self.refuse_reason, result="refused")
         shown_env = tuple(sorted((env or {}).items()))
-        shown_facts = None if facts is None else (facts.kinds, facts.children_unseen)
+        ident = None if facts is None or facts.identity is None else (facts.identity.device, facts.identity.inode)
+        shown_facts = None if facts is None else (facts.kinds, facts.children_unseen, ident)
         key = (session.session_id, program, tuple(argv), shown_env, shown_facts)
         if key in self._grants:
             return ApprovalOutcome(True, "approved earlier for this session", self._grants[key], True, "granted")

@@ -1,6 +1,7 @@
 """One object for what the server learns of an exec's file (execgate.server.exec_facts.gather):
 the identity and the file info are of the same file — the wrapper's fd when it sent one, else the
-one walk of the path in the caller's view — and both cross the wire together (ExecTarget 20, 30-32)."""
+one walk of the path in the caller's view — both cross the wire together (ExecTarget 20, 30-32),
+and the service's approvers see and grant by both."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ import shutil
 import stat
 from pathlib import Path
 
+from execgate.policy_service.approvals import ApprovalBroker
+from execgate.policy_service.approver import file_text
 from execgate.server import policy_codec as codec
 from execgate.server.exec_facts import Coverage, gather, learn
-from execgate.server.policy import NO_FACTS
+from execgate.server.policy import NO_FACTS, Execution, SessionContext
+from execgate.v1 import approvals_pb2 as apb
+from identity_support import system_facts
 
 ME = os.getpid()
 NOBODY = 65534
@@ -82,3 +87,35 @@ def test_learn_owns_and_closes_the_fd() -> None:
     except OSError:
         still = False
     assert not still
+
+
+def test_a_session_grant_covers_that_very_file_only() -> None:
+    """Approved for the session, the same command of another file (another inode at the path) asks again."""
+
+    session = SessionContext("s-grant", {})
+    kw = {"rule_id": "tool-prompt", "reason": "asks", "execution": Execution("unsandboxed")}
+    first, swapped = system_facts("/w/tool", inode=1), system_facts("/w/tool", inode=2)
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        broker = ApprovalBroker(timeout_s=5)
+        async with broker.subscribe() as queue:
+            asking = asyncio.ensure_future(broker.request(session, "/w/tool", ["tool"], "/w", facts=first, **kw))
+            broker.resolve((await queue.get()).request_id, "session", approver="alice")
+            approved = (await asking).approved
+            again = (await broker.request(session, "/w/tool", ["tool"], "/w", facts=first, **kw)).result == "granted"
+            other = asyncio.ensure_future(broker.request(session, "/w/tool", ["tool"], "/w", facts=swapped, **kw))
+            asked = (await asyncio.wait_for(queue.get(), 5)) is not None
+            other.cancel()
+        return approved, again, asked
+
+    assert asyncio.run(scenario()) == (True, True, True)
+
+
+def test_approvers_see_the_real_file_when_it_is_not_the_path() -> None:
+
+    facts = system_facts("/tmp/x", real_path="/usr/bin/sudo")
+    pending = apb.PendingApproval(request_id="r", target=codec.target_to_pb("/tmp/x", ["x"], "/w", facts))
+    assert file_text(pending).endswith("; real file /usr/bin/sudo")
+    same = apb.PendingApproval(request_id="s", target=codec.target_to_pb("/usr/bin/env", ["env"], "/w",
+                                                                         system_facts("/usr/bin/env")))
+    assert "real file" not in file_text(same) and "nothing learnt" not in file_text(same)
