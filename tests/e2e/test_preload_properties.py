@@ -118,7 +118,7 @@ def test_two_execs_per_gated_exec_under_strace(gate: Gate) -> None:
     # The wrapper runs the very file it opened and the server judged: execveat(fd, "", argv, …,
     # AT_EMPTY_PATH) — named here by its argv[0].
     done = [path or arg0 for path, arg0 in re.findall(
-        r'^\d+ (?:execve\("([^"]+)"|execveat\(\d+, "", \["([^"]*)").*= 0$', trace.read_text(), re.M)]
+        r'^\d+\s+(?:execve\("([^"]+)"|execveat\(\d+, "", \["([^"]*)").*= 0$', trace.read_text(), re.M)]
     wrapper = str(native_wrapper_path())
     assert done == [wrapper, "/bin/sh", wrapper, "/bin/echo", wrapper, "/bin/true"], trace.read_text()
 
