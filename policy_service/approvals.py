@@ -190,7 +190,8 @@ class ApprovalBroker:
             timeout_s: wait at most this long (seconds) instead of the broker's ``timeout_s``
                 (the service passes less when its caller's deadline is nearer).
             env: the environment that would reach the command (shown to approvers).
-            facts: the file's facts (shown to approvers; a grant covers a file of these facts only).
+            facts: the file's facts (shown to approvers; a grant covers a file of these facts only,
+                and the very file identified, by device and inode, when there is an identity).
 
         Returns:
             The outcome; never raises for a missing or silent approver.
@@ -257,8 +258,11 @@ def grant_key(
     facts: ExecFacts | None,
 ) -> str:
     """What an approve-for-session grant covers, as one string (a sha256 hex digest): the session,
-    program, argv, the environment reaching the command (sorted pairs) and the file's facts."""
-    shown = None if facts is None else (sorted(facts.kinds), facts.children_unseen)
+    program, argv, the environment reaching the command (sorted pairs) and the file's facts —
+    its kind and, when identified, that very file (device and inode), so that swapping the file at
+    the path asks again."""
+    ident = None if facts is None or facts.identity is None else [facts.identity.device, facts.identity.inode]
+    shown = None if facts is None else (sorted(facts.kinds), facts.children_unseen, ident)
     text = json.dumps([session.session_id, program, list(argv), [list(kv) for kv in env], shown],
                       ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

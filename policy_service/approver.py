@@ -86,15 +86,18 @@ def describe(pending: apb.PendingApproval) -> str:
 
 
 def file_text(pending: apb.PendingApproval) -> str:
-    """What the server learnt of the file (``static elf64 x86_64; children unseen``), or a note
-    that it sent nothing; "(unreadable)" if the facts are malformed."""
+    """What the server learnt of the file (``static elf64 x86_64; children unseen``, then
+    ``; real file /usr/bin/sudo`` when the file identified in the caller's view is not the
+    program path shown), or a note that it sent nothing; "(unreadable)" if the facts are
+    malformed."""
     try:
         facts = codec.facts_from_pb(pending.target)
     except codec.CodecError:
         return "(unreadable facts)"
-    if facts.file is None and facts.children_unseen is None and facts.problem is None:
+    if facts.file is None and facts.children_unseen is None and facts.problem is None and facts.identity is None:
         return "(nothing learnt of the file)"
-    return facts.summary
+    real = "" if facts.identity is None else facts.identity.real_path
+    return facts.summary + (f"; real file {real}" if real and real != pending.target.program else "")
 
 
 async def _answer(reader: LineReader, out: TextIO) -> tuple[int, str] | None:

@@ -22,6 +22,7 @@ and :func:`run`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -29,8 +30,7 @@ import shutil
 import sys
 from typing import Any, TextIO
 
-from execgate.server.exec_facts import Coverage, children_unseen, describe_in_root
-from execgate.server.fileinfo import NotRegular
+from execgate.server.exec_facts import Coverage, children_unseen, gather
 from execgate.server.policy import ExecFacts, Execution
 
 from .rules_engine import RuleSet
@@ -111,9 +111,16 @@ def resolve_program(name: str) -> str | None:
     return os.path.normpath(os.path.abspath(found)) if found else None
 
 
+#: The caller ``policy check`` judges trust for: an unprivileged one (nobody), as most sessions run.
+CHECK_CALLER_UID = 65534
+
+
 def local_facts(program: str, *, seccomp: bool, no_new_privs: bool) -> ExecFacts:
-    """What the server would learn of ``program`` here, for a session with the installed preload
-    shim (and the backstop if ``seccomp``); a file that cannot be read gives unknown facts."""
+    """What an escalation server would learn of ``program`` seen in this process's own
+    filesystem view (:func:`execgate.server.exec_facts.gather`): its identity for an unprivileged
+    caller (:data:`CHECK_CALLER_UID`; a root session's trust is narrower: nothing on a read-write
+    mount), its file info, and ``children_unseen`` for a session with the installed preload shim
+    (and the backstop if ``seccomp``). A file that cannot be read gives unknown facts."""
     from execgate.wrapper.artifacts import NativeArtifactMissing, preload_ld_value
 
     try:
@@ -121,11 +128,8 @@ def local_facts(program: str, *, seccomp: bool, no_new_privs: bool) -> ExecFacts
     except NativeArtifactMissing:
         overlay = {"LD_PRELOAD": "libexecgate_preload.so"}  # judged as if the native shim were built
     coverage = Coverage.of_session(overlay, seccomp=seccomp)
-    try:
-        info = describe_in_root("/", program)
-    except (NotRegular, OSError) as exc:
-        return ExecFacts(None, children_unseen(None, coverage, no_new_privs), str(exc))
-    return ExecFacts(info, children_unseen(info, coverage, no_new_privs))
+    facts = gather(os.getpid(), program, coverage, uid=CHECK_CALLER_UID)
+    return dataclasses.replace(facts, children_unseen=children_unseen(facts.file, coverage, no_new_privs))
 
 
 def format_text(program: str, argv: list[str], ev: Evaluation) -> str:

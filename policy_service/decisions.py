@@ -125,8 +125,9 @@ class DecisionService:
             on_prompt: awaited before waiting for an approver, with the wait in seconds.
             env: the caller's environment; a prompt shows the approver the part of it that
                 :meth:`prepare` would give the command (and a session grant covers only that).
-            facts: what the server learnt of the file (None: unknown); rules may test them, the
-                audit line and approvers show them.
+            facts: what the escalation server learnt of the file (None: nothing): the rules
+                judge trust from its ``identity`` alone (:meth:`RuleSet.is_trusted`) and file-fact
+                rules test its file info; the audit line and approvers show them.
 
         Returns:
             The Decision (with a fresh ``decision_id`` and a ``reason`` for every action) and the
@@ -174,8 +175,8 @@ class DecisionService:
         Raises:
             StateUnavailable: the shared state failed while a prompt waited.
         """
-        # A worker thread: evaluation may stat and realpath the program's path (trust checks),
-        # which must not hold up the event loop serving every other session.
+        # A worker thread: evaluation of many rules must not hold up the event loop serving every
+        # other session (it never touches the filesystem: trust comes from ``facts.identity``).
         evaluation = await asyncio.to_thread(self.rules.current.evaluate, program, argv, facts)
         rule_id = getattr(evaluation.rule, "id", "") or ""
         reason = evaluation.reason or ""
@@ -271,7 +272,8 @@ class DecisionService:
         facts: ExecFacts | None = None,
     ) -> PreparedExec:
         """Build exactly what the server spawns for an escalated exec (``facts`` as in
-        :meth:`decide`, so that the rule that decided is the one whose ``allow_env`` applies).
+        :meth:`decide`, so that the rule that decided, trust included, is the one whose
+        ``allow_env`` applies).
 
         ``unsandboxed`` (and ``session_default`` for a session with no sandbox) gives
         ``[program, *argv[1:]]`` with ``arg0 = argv[0]``; a profile gives a bwrap command line

@@ -3,31 +3,35 @@
 Evaluation of ``(program, argv)``, ``program`` absolute:
 
 1. Candidate rules are those naming ``program`` exactly, or its basename. A *permissive* rule
-   (run, escalate) named by basename applies only when ``program`` is trusted (below). A
+   (run, escalate) named by basename applies only when the file is trusted (below). A
    *restrictive* rule (prompt, deny) named by basename applies to every path with that basename,
-   and also when the basename of ``argv[0]`` or of the resolved symlink target carries the name
-   (so a renamed symlink or ``exec -a`` cannot dodge a denial).
+   and also when the basename of ``argv[0]`` or of the *real file* the escalation server
+   identified (``facts.identity.real_path``) carries the name — so ``/dev/fd/3``,
+   ``/proc/self/fd/N``, a renamed symlink or ``exec -a`` cannot dodge a denial.
    Rules that name no program (file-fact rules, ``ANY_PROGRAM``) are candidates for every
-   exec; permissive ones apply only to trusted paths, as basename rules.
+   exec; permissive ones apply only to trusted files, as basename rules.
 2. A candidate matches when ``argv[1:]`` starts with its prefix and the request's file facts
    (``file_kind``, ``children_unseen``; unknown when the request carries none) satisfy its
    conditions.
 3. The strictest matching rule wins (deny > prompt > run > escalate); among equals, the first
    loaded. No match: the configured default.
 
-Trust of an absolute ``program`` for basename rules, first that applies:
+Trust of a file for basename rules is judged only from the identity the escalation server sent
+(``ExecFacts.identity``, a :class:`~execgate.server.policy.FileIdentity` established in the
+*caller's* filesystem view, :mod:`execgate.server.identity`), never from this process's own filesystem, which may differ (a
+sandbox's private ``/tmp`` and ``/dev``, another host). No facts (another client): not trusted.
+Otherwise never trusted when the file or the path as named lies under ``/proc`` or ``/dev``, or it
+is not a regular file; then, first that applies:
 
 - a ``host_executable`` entry exists for the basename: trusted only if listed (Codex semantics);
 - its directory is one of the configured ``trusted_dirs`` (exactly): trusted. The list *adds*
   to the test below (a virtualenv's ``bin`` listed in a rules file does not take trust away from
-  ``/usr/bin/git``);
-- otherwise: trusted only if its directory and every parent are owned by root and not writable
-  by group or others (``os.stat``), the file (when it exists) is owned by root and not writable
-  by group or others, and the same holds for the resolved symlink target's directory. This is
-  what the sandbox cannot forge: ``/usr/bin`` passes, ``/tmp/x`` and ``$HOME/bin`` do not.
-
-Trust is checked on the host where the rules engine runs, which must see the same file system
-as the sandboxed shell.
+  ``/usr/bin/git``). Both lists are the operator's word, even for files the caller owns;
+- otherwise: trusted only if every directory holding it (as named and as resolved, up to the
+  caller's root) is root-owned and writable by neither group nor others, the file is owned by
+  root and not writable by group or others, and the caller could modify none of them.
+  ``/usr/bin`` passes, ``/tmp/x`` and ``$HOME/bin`` do not, nor does a root session's
+  root-owned working directory (root writes it on its read-write mount).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import stat
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from execgate.server.policy import ExecFacts, Execution
+from execgate.server.policy import ExecFacts, Execution, FileIdentity
 
 from .codex_rules import load_codex
 from .rules_model import ANY_PROGRAM, STRICTNESS, Evaluation, Facts, Rule, RulesError, RulesFile, parse_decision
@@ -149,12 +153,15 @@ class RuleSet:
         return self._sources
 
     def evaluate(self, program: str, argv: Sequence[str], facts: ExecFacts | Facts | None = None) -> Evaluation:
-        """Decide one exec.
+        """Decide one exec. No filesystem access.
 
         Args:
             program: absolute path of the program executed (resolved by the server).
             argv: the full argv, argv[0] included.
-            facts: what the server learnt of the file (None: unknown, as a request without them).
+            facts: what the escalation server learnt of the file (:class:`ExecFacts`, or the
+                rules' own view of it, :class:`Facts`): its ``identity`` is all trust rests on,
+                its file info is what file-fact rules test. None: nothing known (nothing
+                trusted, file facts unknown).
 
         Returns:
             The decision, the winning rule, every matching rule and the rules skipped because
@@ -163,15 +170,16 @@ class RuleSet:
         program = os.path.normpath(program)
         args = tuple(argv[1:])
         known = facts if isinstance(facts, Facts) else Facts.of(facts)
+        identity = known.identity
         matched: list[Rule] = []
         skipped: list[Rule] = []
         trusted: bool | None = None
-        for rule in self._candidates(program, argv):
+        for rule in self._candidates(program, argv, identity):
             if not rule.matches_args(args) or not rule.matches_facts(known):
                 continue
             if not rule.restrictive and not os.path.isabs(rule.program):
                 if trusted is None:
-                    trusted = self.is_trusted(program)
+                    trusted = self.is_trusted(program, identity)
                 if not trusted:
                     skipped.append(rule)
                     continue
@@ -190,27 +198,33 @@ class RuleSet:
             skipped=tuple(skipped),
         )
 
-    def is_trusted(self, program: str) -> bool:
-        """True when permissive (run, escalate) basename rules may apply to absolute ``program``."""
+    def is_trusted(self, program: str, identity: FileIdentity | None = None) -> bool:
+        """True when permissive (run, escalate) basename rules may apply to absolute ``program``,
+        judged from ``identity`` alone (module doc); False without it."""
         program = os.path.normpath(program)
-        if not os.path.isabs(program):
+        if identity is None or not os.path.isabs(program):
             return False
+        if identity.pseudo_fs or _is_pseudo(program) or _is_pseudo(identity.real_path) \
+                or not stat.S_ISREG(identity.mode):
+            return False
+        # An explicit list is the operator's word, even for a file the caller owns (Homebrew).
         listed = self._hosts.get(os.path.basename(program))
         if listed is not None:
             return program in listed
         if self._trusted_dirs is not None and os.path.dirname(program) in self._trusted_dirs:
             return True
-        if not (_root_dir_chain(os.path.dirname(program)) and _root_file(program)):
-            return False
-        real = os.path.realpath(program)
-        return real == program or _root_dir_chain(os.path.dirname(real))
+        return (identity.root_dir_chain and identity.uid == 0 and not identity.mode & _UNSAFE_MODE
+                and not identity.caller_can_modify)
 
-    def _candidates(self, program: str, argv: Sequence[str]) -> list[Rule]:
+    def _candidates(self, program: str, argv: Sequence[str], identity: FileIdentity | None) -> list[Rule]:
         """Rules naming the program, by path or by name, in load order, without duplicates."""
         found = {id(r): r for r in self._by_name.get(program, ())}
         found.update((id(r), r) for r in self._by_name.get(os.path.basename(program), ()))
+        aliases = set()
+        if identity is not None and identity.real_path:
+            aliases.add(os.path.basename(identity.real_path))
+            found.update((id(r), r) for r in self._by_name.get(identity.real_path, ()) if r.restrictive)
         found.update((id(r), r) for r in self._by_name.get(ANY_PROGRAM, ()))
-        aliases = {os.path.basename(os.path.realpath(program))}
         if argv:
             aliases.add(os.path.basename(argv[0]))
         for alias in aliases:
@@ -288,28 +302,6 @@ def _execution_for(decision: str, execution: Execution | None) -> Execution | No
     return None
 
 
-def _root_dir_chain(directory: str) -> bool:
-    """True if ``directory`` and all its parents are root-owned and not group/other-writable."""
-    current = directory
-    while True:
-        try:
-            st = os.stat(current)
-        except OSError:
-            return False
-        if st.st_uid != 0 or st.st_mode & _UNSAFE_MODE or not stat.S_ISDIR(st.st_mode):
-            return False
-        parent = os.path.dirname(current)
-        if parent == current:
-            return True
-        current = parent
-
-
-def _root_file(path: str) -> bool:
-    """True if ``path`` is missing (the exec will fail) or root-owned, not group/other-writable."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    return st.st_uid == 0 and not st.st_mode & _UNSAFE_MODE
+def _is_pseudo(path: str) -> bool:
+    """True if ``path`` lies under ``/proc`` or ``/dev`` (never trusted, issue #9)."""
+    return any(path == root or path.startswith(root + "/") for root in ("/proc", "/dev"))

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from execgate.server.policy import ExecFacts, Execution
+from execgate.server.policy import ExecFacts, Execution, FileIdentity
 
 #: Every decision a rule may carry (docs/DESIGN.md §5).
 DECISIONS = ("run", "escalate", "prompt", "deny")
@@ -42,20 +42,23 @@ FILE_KINDS = ("static", "dynamic", "elf32", "elf64", "setuid", "setgid", "setcap
 
 @dataclass(frozen=True)
 class Facts:
-    """The file facts a rule's conditions test.
+    """The rules engine's view of a request's :class:`~execgate.server.policy.ExecFacts`: what a
+    rule's conditions test, and the identity trust is judged from.
 
     Attributes:
         kinds: the file's tags (``{"unknown"}`` when nothing was learnt).
         children_unseen: True / False, or None when unknown (kept distinct from False).
+        identity: the file's identity (None: not identified, nothing trusted).
     """
 
     kinds: frozenset[str] = frozenset({"unknown"})
     children_unseen: bool | None = None
+    identity: FileIdentity | None = None
 
     @classmethod
     def of(cls, facts: ExecFacts | None) -> Facts:
         """The facts of a request (None: a request that carries none: unknown)."""
-        return UNKNOWN_FACTS if facts is None else cls(facts.kinds, facts.children_unseen)
+        return UNKNOWN_FACTS if facts is None else cls(facts.kinds, facts.children_unseen, facts.identity)
 
 
 #: What a request without file facts (or a plain example) stands for.

@@ -66,6 +66,7 @@ def check_bounds(session: pb.SessionContext, target: pb.ExecTarget, env: Mapping
         session.session_id, session.labels, (*box.writable_roots, *box.readable_roots, *box.masked_dirs), scale=scale
     ) or p.exec_bounds_violation(
         {"target.program": target.program, "target.workdir": target.workdir,
+         "target.identity.real_path": target.identity.real_path, "target.identity.source": target.identity.source,
          "target.file_problem": target.file_problem, "target.file.interpreter": target.file.interpreter,
          "target.file.problem": target.file.problem,
          "target.file.interpreter_info.interpreter": target.file.interpreter_info.interpreter},
@@ -148,7 +149,7 @@ class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
             self.metrics.prepare_errors.labels("invalid_argument").inc()
             await _invalid(context, exc)
         try:
-            # In a worker thread: prepare evaluates the rules, which may stat the program's path.
+            # In a worker thread: prepare evaluates the rules and builds a sandbox command line.
             prepared = await asyncio.to_thread(
                 self.decisions.prepare, session, program, argv, workdir, dict(request.env), execution, facts
             )

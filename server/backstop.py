@@ -13,8 +13,10 @@ each notification on the event loop (``loop.add_reader``):
   asks the server itself;
 * an exec that the wrapper makes of a target the server has just approved for that process
   (:meth:`Backstop.expect`, called by the per-exec handler on Run, keyed by the wrapper's
-  ``SO_PEERCRED`` pid) continues without a second decision, if the program (path, or device and
-  inode) and argv are exactly those approved;
+  ``SO_PEERCRED`` pid) continues without a second decision, if the program and argv are exactly
+  those approved: the very file the server identified (device and inode; the wrapper's
+  ``execveat(fd, "", …, AT_EMPTY_PATH)`` of its target fd is seen as ``/proc/PID/fd/N``, whose
+  stat is that file), else the same path or the file at it;
 * any other exec is decided by the policy: Run → ``CONTINUE``; Deny → ``EACCES`` and
   ``Execution denied: <reason>`` on the caller's stderr; Escalate → cannot be done in place: also
   ``EACCES``, with a reason saying to run it through the session's shell.
@@ -44,7 +46,7 @@ from execgate.server import protocol as p
 from execgate.server import seccomp_notify as sn
 from execgate.server.exec_facts import Coverage, learn
 from execgate.server.fdpass import close_fds, recv_datagram
-from execgate.server.policy import Decision, Policy, SessionContext
+from execgate.server.policy import Decision, ExecFacts, Policy, SessionContext
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ MAX_ARGS = 65536
 class _Expected:
     program: str
     argv: tuple[bytes, ...]
+    ident: tuple[int, int] | None  # (st_dev, st_ino) of the file the server identified, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,7 @@ class _Exec:
     argv: list[bytes]
     workdir: str
     ident: tuple[int, int] | None  # (st_dev, st_ino) of the file, if it could be stat'ed
+    fd_link: str | None = None  # /proc/PID/fd/N for an execveat(N, "", AT_EMPTY_PATH)
 
 
 class Unnamed(ValueError):
@@ -119,12 +123,19 @@ class Backstop:
             os.close(self.client_fd)
             self.client_fd = -1
 
-    def expect(self, pid: int, program: str, argv: Sequence[str]) -> None:
+    def expect(self, pid: int, program: str, argv: Sequence[str], ident: tuple[int, int] | None = None) -> None:
         """Record that process ``pid`` (server's pid namespace) was told Run for ``program`` (absolute)
-        with ``argv`` (wire strings): its next exec, if exactly that, continues undecided."""
+        with ``argv`` (wire strings): its next exec, if exactly that, continues undecided.
+
+        Args:
+            ident: ``(st_dev, st_ino)`` of the file the server identified for the request (the
+                wrapper's target fd, :mod:`execgate.server.identity`), or None. When given, the
+                exec must be of that very file, however it is named: the wrapper's
+                ``execveat(fd, "", …, AT_EMPTY_PATH)`` is seen as ``/proc/PID/fd/N``.
+        """
         if len(self._expected) >= MAX_EXPECTED:
             self._expected.pop(next(iter(self._expected)))  # the oldest: its wrapper never exec'd
-        self._expected[pid] = _Expected(program, tuple(p.wire_bytes(a) for a in argv))
+        self._expected[pid] = _Expected(program, tuple(p.wire_bytes(a) for a in argv), ident)
 
     async def serve(self) -> None:
         """Take the launcher's listener and serve it until :meth:`close`. Never raises but for
@@ -248,7 +259,8 @@ class Backstop:
         program, ident = _locate(proc, os.fsdecode(path), dirfd, flags, workdir)
         if not sn.id_valid(self._listener, notif.id):
             raise sn.NotificationGone
-        return _Exec(notif.pid, tgid, program, argv, workdir, ident)
+        fd_link = f"{proc}/fd/{dirfd}" if not path and flags & sn.AT_EMPTY_PATH else None
+        return _Exec(notif.pid, tgid, program, argv, workdir, ident, fd_link)
 
     def _undecided(self, tid: int, exe: _Exec) -> bool:
         """True for the execs that continue without a decision (see the module docstring)."""
@@ -261,6 +273,8 @@ class Backstop:
             return True
         if expected is None or tuple(exe.argv) != expected.argv:
             return False
+        if expected.ident is not None:  # identified by the server: that very file, by any name
+            return exe.ident == expected.ident
         if exe.program == expected.program:
             return True
         return exe.ident is not None and exe.ident == _ident(f"/proc/{tid}/root{expected.program}")
@@ -269,8 +283,12 @@ class Backstop:
         """Ask the policy; returns 0 (Run) or the errno the exec fails with."""
         argv = [os.fsdecode(a) for a in exe.argv]
         extra = {}
-        if getattr(self.policy, "accepts_facts", False):  # the file's kind; its children are seen here
-            extra["facts"] = await learn(exe.tgid, exe.program, Coverage(seccomp=True))
+        if getattr(self.policy, "accepts_facts", False):  # Policy doc: what trust rests on, the file's kind
+            uid, fd = await asyncio.to_thread(_caller_of, exe)
+            if exe.fd_link is not None and fd is None:  # never judge its path instead: another file
+                extra["facts"] = ExecFacts(children_unseen=False, problem=f"{exe.fd_link} could not be reopened")
+            else:
+                extra["facts"] = await learn(exe.tgid, exe.program, Coverage(seccomp=True), uid=uid, fd=fd)
         try:
             decision = await self.policy.determine_action(exe.program, argv, exe.workdir, self.context, **extra)
         except Exception as exc:  # fail closed
@@ -309,6 +327,32 @@ class Backstop:
             log.info("session %s: denial not shown to pid %d: %s", self.context.session_id, tgid, exc)
         finally:
             os.close(pidfd)
+
+
+def _caller_of(exe: _Exec) -> tuple[int | None, int | None]:
+    """``(uid, fd)`` for :func:`execgate.server.exec_facts.learn` of a notified exec: the caller's
+    effective uid (None if unreadable: then nothing is trusted) and, for ``execveat(fd, "",
+    AT_EMPTY_PATH)``, that very fd reopened ``O_PATH`` through ``/proc/PID/fd/N`` (proc(5); owned
+    by the caller), else None (the path is walked in the caller's view). Never raises."""
+    try:
+        uid: int | None = _uid(f"/proc/{exe.tgid}")
+    except (OSError, ValueError, IndexError):
+        uid = None
+    try:
+        fd = None if exe.fd_link is None else os.open(exe.fd_link, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return uid, None
+    return uid, fd
+
+
+def _uid(proc: str) -> int:
+    """The effective uid of the process at ``proc`` (``Uid:`` of /proc/PID/status, proc(5)), as
+    ``SO_PEERCRED`` reports a wrapper's."""
+    with open(f"{proc}/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"Uid:"):
+                return int(line.split()[2])
+    raise OSError(errno.ESRCH, "no Uid")
 
 
 def _ident(path: str) -> tuple[int, int] | None:

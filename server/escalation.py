@@ -80,8 +80,8 @@ async def handle_connection(
     context: SessionContext,
     limits: Limits,
     on_spawn: Callable[[ChildProcess], None],
-    on_run: Callable[[str, list[str]], None] | None = None,
-    learn: Callable[[str], Awaitable[ExecFacts]] | None = None,
+    on_run: Callable[[str, list[str], tuple[int, int] | None], None] | None = None,
+    learn: Callable[[str, int | None], Awaitable[ExecFacts]] | None = None,
     on_note: Callable[[str], None] | None = None,
     placement: Placement | None = None,
 ) -> None:
@@ -90,10 +90,13 @@ async def handle_connection(
     Args:
         on_spawn: called with each escalated child right after it starts, so that the session can
             kill its process group when the session closes.
-        on_run: called with the program (absolute) and argv just before a Run answer is sent
-            (the seccomp backstop lets the wrapper's exec of exactly that through undecided).
-        learn: given the program (absolute), what the server learns of its file
+        on_run: called with the program (absolute), argv and the identified file's
+            ``(st_dev, st_ino)`` (or None) just before a Run answer is sent (the seccomp backstop
+            lets the wrapper's exec of exactly that through undecided).
+        learn: given the program (absolute) and the wrapper's target fd (owned: ``learn`` closes
+            it; None without one), what the server learns of the file in the caller's view
             (:func:`execgate.server.exec_facts.learn`); sent to a policy that accepts facts.
+            None: nothing is learnt (no trust for basename rules, file facts unknown).
         on_note: called with a line for the user: a Run decision's ``note`` (why a program a rule
             would escalate stays in the sandbox), and, when a sandboxed escalation fails, which
             rule sandboxed it and how (:func:`failure_note`).
@@ -102,15 +105,13 @@ async def handle_connection(
     Never raises for peer errors (they are logged); propagates cancellation.
     """
     try:
-        async with asyncio.timeout(limits.request_timeout_s):
-            payload, _ = await recv_frame(conn, max_bytes=limits.max_frame_bytes, max_fds=0)
-        request = p.EscalateRequest.from_obj(p.decode_json(payload))
-        program = resolve_program(request.file, request.workdir)
-        facts = await learn(program) if learn is not None and getattr(policy, "accepts_facts", False) else None
+        request, program, target_fd = await _read_request(conn, limits)
+        facts = await _learn(learn, program, target_fd)
         decision = await _decide(policy, program, request, context, facts)
+        decision = _same_file_outside(decision, program, facts)
         if decision.action == "run":
             if on_run is not None:
-                on_run(program, list(request.argv))
+                on_run(program, list(request.argv), _dev_ino(facts))
             if decision.note and on_note is not None:
                 on_note(decision.note)
             await _send(conn, p.EscalateResponse("Run"))
@@ -137,6 +138,61 @@ async def handle_connection(
         conn.close()
 
 
+async def _read_request(conn: socket.socket, limits: Limits) -> tuple[p.EscalateRequest, str, int | None]:
+    """Read the request frame.
+
+    Returns:
+        ``(request, program, target_fd)``: ``program`` is ``file`` resolved lexically against
+        ``workdir`` (what the policy names and an escalation spawns); ``target_fd`` the wrapper's
+        target fd (owned by the caller of this function), or None.
+
+    Raises:
+        TimeoutError: no frame within ``limits.request_timeout_s``.
+        ProtocolError, BoundsError, OSError: as :func:`recv_frame` and ``EscalateRequest.from_obj``;
+            also a target-fd field without exactly one fd, or an fd without the field. Any fd
+            received is closed then.
+    """
+    async with asyncio.timeout(limits.request_timeout_s):
+        payload, fds = await recv_frame(conn, max_bytes=limits.max_frame_bytes, max_fds=1)
+    try:
+        request = p.EscalateRequest.from_obj(p.decode_json(payload))
+        if request.target_fd != (len(fds) == 1):
+            raise p.ProtocolError(f"request has {p.TARGET_FD_EXTENSION_FIELD}={request.target_fd} "
+                                  f"but {len(fds)} fds attached")
+        program = resolve_program(request.file, request.workdir)
+    except BaseException:
+        close_fds(fds)
+        raise
+    return request, program, (fds[0] if fds else None)
+
+
+async def _learn(learn: Callable[[str, int | None], Awaitable[ExecFacts]] | None, program: str,
+                 fd: int | None) -> ExecFacts | None:
+    """What ``learn`` says of the file (it owns ``fd``); None, with ``fd`` closed, without it."""
+    if learn is None:
+        close_fds([] if fd is None else [fd])
+        return None
+    return await learn(program, fd)
+
+
+def _same_file_outside(decision: Decision, program: str, facts: ExecFacts | None) -> Decision:
+    """``decision``, or a Deny when it escalates a program whose path, in the server's own view
+    (where an escalated command is spawned), names another file than the caller would run."""
+    identity = None if facts is None else facts.identity
+    if decision.action != "escalate" or identity is None or identity.same_for_server:
+        return decision
+    return Decision.deny(
+        f"{program} is not the same file outside the sandbox (where an escalated command "
+        f"runs) as the one the caller would run ({identity.real_path or 'unnamed'})",
+        rule_id=decision.rule_id, decision_id=decision.decision_id)
+
+
+def _dev_ino(facts: ExecFacts | None) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of the identified file, or None."""
+    identity = None if facts is None else facts.identity
+    return None if identity is None else (identity.device, identity.inode)
+
+
 async def _send(conn: socket.socket, message: Any) -> None:
     await send_frame(conn, message.to_json())
 
@@ -151,13 +207,18 @@ async def _refuse(conn: socket.socket, exc: p.BoundsError, context: SessionConte
         log.info("session %s: could not send the refusal: %s", context.session_id, send_exc)
 
 
+def facts_kw(policy: Policy, facts: ExecFacts | None) -> dict[str, Any]:
+    """``{"facts": facts}`` for a policy that opts in (``accepts_facts``, Policy doc) when there
+    are facts, else {}."""
+    return {"facts": facts} if facts is not None and getattr(policy, "accepts_facts", False) else {}
+
+
 async def _decide(policy: Policy, program: str, request: p.EscalateRequest, context: SessionContext,
                   facts: ExecFacts | None) -> Decision:
     try:
         # Opt-in (Policy doc): the environment lets a prompt show the approver what reaches the command.
         extra: dict[str, Any] = {"env": dict(request.env)} if getattr(policy, "accepts_env", False) else {}
-        if facts is not None:
-            extra["facts"] = facts
+        extra.update(facts_kw(policy, facts))
         decision = await policy.determine_action(program, list(request.argv), request.workdir, context, **extra)
     except Exception as exc:  # fail closed: any policy failure is a Deny naming the cause
         log.error("session %s: policy failed for %s: %r", context.session_id, program, exc)
@@ -184,9 +245,9 @@ async def _escalate(
     spawned or nobody is left to tell."""
     execution = decision.execution or Execution()
     try:
-        extra = {} if facts is None else {"facts": facts}  # the rule that decided may depend on them
-        prepared = await policy.prepare_escalated_exec(
-            program, list(request.argv), request.workdir, dict(request.env), execution, context, **extra
+        prepared = await policy.prepare_escalated_exec(  # the rule that decided may depend on the facts
+            program, list(request.argv), request.workdir, dict(request.env), execution, context,
+            **facts_kw(policy, facts),
         )
         if not isinstance(prepared, PreparedExec) or not prepared.command:
             raise ValueError(f"malformed prepared exec {prepared!r}")

@@ -17,9 +17,14 @@ With the seccomp backstop (:mod:`.backstop`) every exec of the session is seen w
 program: children are never unseen. With neither shim nor backstop (an ``EXEC_WRAPPER`` shell)
 only the shell's own execs are seen: every program's children are unseen.
 
-:func:`gather` puts it together for one request: it opens the program in the caller's view
-(``/proc/PID/root``, :func:`~execgate.server.fileinfo.open_in_root`), describes it, and judges.
-It does blocking file I/O: call it in a worker thread.
+:func:`gather` puts together everything the server learns of one exec's file
+(:class:`~execgate.server.policy.ExecFacts`): it resolves the program once in the caller's view
+(``/proc/PID/root``, :func:`~execgate.server.identity.walk`), identifies the file
+(:func:`~execgate.server.identity.judge`: the wrapper's target fd if it sent one, else that
+walk's file), describes that same file (:func:`~execgate.server.fileinfo.describe`: the
+wrapper's fd when there is one, reopened through ``/proc/self/fd/N``, else the walk's) and
+judges ``children_unseen``. It does blocking file I/O: call it in a worker thread, or
+:func:`learn`.
 """
 
 from __future__ import annotations
@@ -31,8 +36,9 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from execgate.server.fileinfo import FileInfo, NotRegular, describe, open_in_root
-from execgate.server.policy import ExecFacts
+from execgate.server.fileinfo import FileInfo, NotRegular, describe
+from execgate.server.identity import Walked, judge, open_root, walk
+from execgate.server.policy import ExecFacts, FileIdentity
 
 log = logging.getLogger(__name__)
 
@@ -125,56 +131,127 @@ def no_new_privs(pid: int) -> bool | None:
 
 
 def describe_in_root(root: str, program: str) -> FileInfo:
-    """Describe ``program`` (absolute) as seen from ``root``, and a script's interpreter (one level).
+    """Describe ``program`` (absolute) as seen from the directory ``root`` (e.g. ``/proc/PID/root``,
+    or ``/`` for this process's own view), and a script's interpreter (one level).
 
     Raises:
         NotRegular, OSError: as :func:`~execgate.server.fileinfo.describe` and
-            :func:`~execgate.server.fileinfo.open_in_root`.
+            :func:`~execgate.server.identity.walk`.
     """
-    fd = open_in_root(root, program)
+    dirfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        info = describe(fd)
-    finally:
-        os.close(fd)
-    if info.format == "script" and info.interpreter and os.path.isabs(info.interpreter):
+        walked = walk(dirfd, os.path.normpath(program))
         try:
-            fd = open_in_root(root, info.interpreter)
-            try:
-                interp = describe(fd)
-            finally:
-                os.close(fd)
-        except (NotRegular, OSError):
-            return info
-        return dataclasses.replace(info, interpreter_info=interp)
-    return info
+            return _describe(dirfd, walked.fd)
+        finally:
+            os.close(walked.fd)
+    finally:
+        os.close(dirfd)
 
 
-def gather(pid: int | None, program: str, coverage: Coverage) -> ExecFacts:
-    """The facts of one exec by process ``pid`` (server's pid namespace; None: unknown) of
-    ``program`` (absolute). Blocking (file I/O): run it in a worker thread. Never raises: a file
-    that cannot be read gives ``file=None`` with the reason in ``problem``."""
-    if pid is None:
-        return ExecFacts(None, children_unseen(None, coverage, None), "caller pid unknown")
+def _describe(root: int | None, fd: int) -> FileInfo:
+    """Describe the file open on ``fd`` (borrowed) and, for a ``#!`` script, its interpreter as
+    resolved from the caller's ``root`` (borrowed; None: the interpreter is not read).
+
+    Raises:
+        NotRegular, OSError: as :func:`~execgate.server.fileinfo.describe`.
+    """
+    info = describe(fd)
+    if root is None or info.format != "script" or not info.interpreter or not os.path.isabs(info.interpreter):
+        return info
     try:
-        info: FileInfo | None = describe_in_root(f"/proc/{pid}/root", program)
-        problem = None
+        interp = walk(root, os.path.normpath(info.interpreter))
+    except OSError:
+        return info
+    try:
+        return dataclasses.replace(info, interpreter_info=describe(interp.fd))
+    except (NotRegular, OSError):
+        return info
+    finally:
+        os.close(interp.fd)
+
+
+def _read(root: int | None, fd: int) -> tuple[FileInfo | None, str | None]:
+    """``(info, None)`` for the file on ``fd``, or ``(None, why)`` when it cannot be read."""
+    try:
+        return _describe(root, fd), None
     except (NotRegular, OSError) as exc:
-        info, problem = None, str(exc)
-    nnp = no_new_privs(pid)
-    return ExecFacts(info, children_unseen(info, coverage, nnp), problem)
+        return None, str(exc)
+
+
+def gather(pid: int | None, program: str, coverage: Coverage, *, uid: int | None = None,
+           fd: int | None = None) -> ExecFacts:
+    """The facts of one exec, by process ``pid``, of ``program``: one walk in the caller's view
+    gives the file both the identity and the file info describe.
+
+    Args:
+        pid: the caller, in the server's pid namespace (None: unknown, nothing is walked).
+        program: absolute path the caller named.
+        coverage: the session's interception, for ``children_unseen``.
+        uid: the caller's uid (``SO_PEERCRED``); None: not identified (no trust).
+        fd: the wrapper's target fd (borrowed), or None: then the file the path resolves to in the
+            caller's view is read.
+
+    Returns:
+        The facts; never raises: what cannot be learnt is None, with the reason in ``problem``.
+    """
+    if pid is None:
+        info, problem = _read(None, fd) if fd is not None else (None, "caller pid unknown")
+        return ExecFacts(info, children_unseen(info, coverage, None), problem)
+    try:
+        root = open_root(pid)
+    except OSError as exc:
+        info, problem = _read(None, fd) if fd is not None else (None, f"caller's root: {exc}")
+        return ExecFacts(info, children_unseen(info, coverage, None), problem)
+    walked: Walked | None = None
+    problem: str | None = None
+    try:
+        try:
+            walked = walk(root, os.path.normpath(program))
+        except OSError as exc:
+            problem = str(exc)
+        identity = None if uid is None else _judge(root, program, uid, fd, walked)
+        target = fd if fd is not None else (None if walked is None else walked.fd)
+        if target is not None:
+            info, problem = _read(root, target)
+        else:
+            info = None
+    finally:
+        if walked is not None:
+            os.close(walked.fd)
+        os.close(root)
+    return ExecFacts(info, children_unseen(info, coverage, no_new_privs(pid)), problem, identity)
+
+
+def _judge(root: int, program: str, uid: int, fd: int | None, walked: Walked | None) -> FileIdentity | None:
+    """:func:`~execgate.server.identity.judge`, None when it fails (the caller vanished)."""
+    try:
+        return judge(root, program, uid, fd, walked)
+    except OSError as exc:
+        log.info("identifying %s failed: %s", program, exc)
+        return None
 
 
 #: Seconds a request waits for :func:`gather` before deciding without file facts.
 GATHER_TIMEOUT_S = 2.0
 
 
-async def learn(pid: int | None, program: str, coverage: Coverage, timeout_s: float = GATHER_TIMEOUT_S) -> ExecFacts:
+async def learn(pid: int | None, program: str, coverage: Coverage, timeout_s: float = GATHER_TIMEOUT_S, *,
+                uid: int | None = None, fd: int | None = None) -> ExecFacts:
     """:func:`gather` in a worker thread (never on the event loop), bounded by ``timeout_s``
-    seconds; past it the facts are unknown (the thread finishes on its own). Never raises but
-    for cancellation."""
+    seconds; past it nothing is known (the thread finishes on its own). ``fd`` is *owned*: the
+    worker closes it when done, even after a timeout or cancellation. Never raises but for
+    cancellation."""
+    def owned() -> ExecFacts:
+        try:
+            return gather(pid, program, coverage, uid=uid, fd=fd)
+        finally:
+            if fd is not None:
+                os.close(fd)
+
     try:
         async with asyncio.timeout(timeout_s):
-            return await asyncio.to_thread(gather, pid, program, coverage)
+            return await asyncio.to_thread(owned)
     except TimeoutError:
         log.warning("reading %s for the policy took over %g s; deciding without its file facts", program, timeout_s)
         return ExecFacts(None, children_unseen(None, coverage, None), f"reading the file took over {timeout_s:g} s")

@@ -1,12 +1,12 @@
 """What the server learns of the file an exec would run (issue #9 class 12): ELF or ``#!`` script,
 ELF class and machine, static or dynamic, setuid/setgid/file capabilities.
 
-:func:`describe` reads it from an fd open on the file (read-only, or ``O_PATH`` as the native
-wrapper may send: an ``O_PATH`` fd is reopened read-only through ``/proc/self/fd/N``, proc(5)).
-:func:`open_in_root` gives such an fd for a path in a caller's view: ``openat2(2)`` with
-``RESOLVE_IN_ROOT`` under ``/proc/PID/root``, so that an absolute symlink in the caller's view is
-resolved in that view, not the server's, and ``O_PATH`` so that opening never touches a device or
-blocks on a FIFO. The facts come from:
+:func:`describe` reads it from an fd open on the file (read-only, or ``O_PATH`` as the wrappers
+send it: an ``O_PATH`` fd is reopened read-only through ``/proc/self/fd/N``, proc(5)). The fd is
+the wrapper's target fd when there is one, else the file that the request's path resolves to in
+the caller's view (:func:`execgate.server.identity.walk`, ``O_PATH``, so that opening never
+touches a device or blocks on a FIFO): the very file that the identity describes
+(:mod:`execgate.server.exec_facts`). The facts come from:
 
 * elf(5): ``e_ident`` (``\\x7fELF``, ``EI_CLASS`` 1 = 32-bit, 2 = 64-bit, ``EI_DATA``), ``e_machine``,
   and the program headers: a ``PT_INTERP`` entry names the dynamic loader (the program is
@@ -23,8 +23,6 @@ loader's path); anything longer is reported as a problem, not read.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import os
 import stat
 import struct
@@ -211,43 +209,3 @@ def _interp(fd: int, offset: int, size: int) -> str | None:
     if len(raw) < size:
         return None
     return os.fsdecode(raw.split(b"\0", 1)[0])
-
-
-# --- opening a path in a caller's view -----------------------------------------------------------
-
-_SYS_OPENAT2 = 437  # same number on every architecture (asm-generic/unistd.h)
-_RESOLVE_NO_MAGICLINKS = 0x02
-_RESOLVE_IN_ROOT = 0x10
-_O_PATH = getattr(os, "O_PATH", 0o10000000)
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def open_in_root(root: str, path: str) -> int:
-    """An ``O_PATH`` fd of ``path`` (absolute) as seen from the root directory ``root`` (e.g.
-    ``/proc/PID/root``): openat2(2) with ``RESOLVE_IN_ROOT`` (``..`` and absolute symlinks stay
-    inside ``root``) and ``RESOLVE_NO_MAGICLINKS`` (no ``/proc/self/fd/N`` jumps out of it).
-
-    Returns:
-        The fd (close-on-exec), owned by the caller.
-
-    Raises:
-        OSError: ``root`` cannot be opened, the path does not resolve, or openat2 is missing
-            (ENOSYS, Linux < 5.6).
-    """
-    dirfd = os.open(root, _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        how = _OpenHow(_O_PATH | os.O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
-        fd = _libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_long(dirfd), ctypes.c_char_p(os.fsencode(path)),
-                           ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
-        if fd < 0:
-            code = ctypes.get_errno() or errno.EIO
-            raise OSError(code, os.strerror(code), path)
-        return int(fd)
-    finally:
-        os.close(dirfd)

@@ -190,7 +190,8 @@ class GrpcPolicy:
 
     #: The escalation server passes the caller's environment (shown to approvers of a prompt).
     accepts_env = True
-    #: The escalation server passes what it learnt of the file (``ExecTarget`` fields 30-39).
+    #: The escalation server passes what it learnt of the file (``ExecTarget.identity`` and the
+    #: file info, fields 20 and 30-32).
     accepts_facts = True
 
     async def determine_action(
@@ -202,7 +203,8 @@ class GrpcPolicy:
         Args:
             env: the caller's environment, or None; sent so that a prompt shows the approver
                 the variables that would reach the command.
-            facts: what the server learnt of the file, or None to send none.
+            facts: what the server learnt of the file (identity and file info, ``ExecTarget``
+                fields 20 and 30-32), or None to send none (then nothing is trusted).
 
         Returns:
             The service's decision, or ``Decision.deny(reason, error=True)`` on any failure.
@@ -266,7 +268,8 @@ class GrpcPolicy:
         facts: ExecFacts | None = None,
     ) -> PreparedExec:
         """Ask the service what to spawn for an escalated exec (``facts`` as for
-        :meth:`determine_action`: the rule that decided may depend on them).
+        :meth:`determine_action`: the rule that decided, and so its env allowlist, depends on
+        them).
 
         Raises:
             PolicyError: the service failed or answered garbage; the message names the cause.

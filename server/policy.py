@@ -56,21 +56,63 @@ class SessionContext:
 
 
 @dataclass(frozen=True, slots=True)
-class ExecFacts:
-    """What the server learnt of an exec's file (issue #9 class 12; ``ExecTarget`` fields 30-39).
+class FileIdentity:
+    """What the escalation server identified of the file an exec will run, in the caller's view
+    (:mod:`execgate.server.identity`; the ``execgate.v1.FileIdentity`` message).
 
     Attributes:
-        file: the file's facts (:func:`execgate.server.fileinfo.describe`), or None if nothing
-            was learnt (not readable, not a regular file, or a client that sends nothing).
+        source: "fd" (the very file the wrapper opened and will execute) or "path" (the request's
+            path resolved through the caller's ``/proc/PID/root``).
+        device, inode: ``st_dev``, ``st_ino`` (stat(2)).
+        uid, mode: owner and ``st_mode`` of the file.
+        real_path: its path in the caller's view, symlinks resolved; when that could not be
+            resolved, the kernel's name of the open file (whose basename is still the file's).
+        root_dir_chain: every directory holding it (as named and as resolved), up to the caller's
+            root, is root-owned and writable by neither group nor others.
+        caller_can_modify: the caller could change the file or one of those directories.
+        pseudo_fs: the file, or the path as named, lies under ``/proc`` or ``/dev``.
+        same_for_server: the program path, in the server's own view, is this very file.
+    """
+
+    source: str
+    device: int
+    inode: int
+    uid: int
+    mode: int
+    real_path: str
+    root_dir_chain: bool
+    caller_can_modify: bool
+    pseudo_fs: bool
+    same_for_server: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ExecFacts:
+    """What the escalation server learnt of the file an exec will run, in the caller's view
+    (:func:`execgate.server.exec_facts.learn`; ``ExecTarget`` fields 20 and 30-32). One object
+    carries it from the server's request handler (or the backstop) through the policy client and
+    codec to the service's decisions, rules, audit log and approvers.
+
+    Both parts describe one file: the one the wrapper's target fd names, else the one the
+    request's path resolves to in the caller's view (one walk, :mod:`execgate.server.identity`).
+
+    Attributes:
+        file: the file's headers and mode (:func:`execgate.server.fileinfo.describe`), or None
+            if nothing was learnt (not readable, not a regular file, or a client that sends
+            nothing).
         children_unseen: True if what the program execs would not be seen by the session's
             interception (:mod:`execgate.server.exec_facts`); None when unknown, which is kept
             distinct from False.
         problem: why ``file`` is None (or a fact is missing), for the audit log; else None.
+        identity: which file it is and who could change it (:class:`FileIdentity`, issue #9
+            class 4), the only ground for trusting it; None when it could not be identified
+            (then no basename rule's trust applies).
     """
 
     file: FileInfo | None = None
     children_unseen: bool | None = None
     problem: str | None = None
+    identity: FileIdentity | None = None
 
     @property
     def kinds(self) -> frozenset[str]:
@@ -167,8 +209,9 @@ class Policy(Protocol):
     A policy whose class sets ``accepts_env = True`` also gets the caller's environment in
     ``determine_action(..., env=...)`` (so that a prompt can show the approver what will reach
     the command); others are called without it. Likewise a policy that sets
-    ``accepts_facts = True`` gets ``facts=`` (:class:`ExecFacts`) in ``determine_action`` and
-    ``prepare_escalated_exec``.
+    ``accepts_facts = True`` gets ``facts=`` (:class:`ExecFacts`: the file's identity, the
+    facts its trust judgement must rest on, docs/DESIGN.md §5, and its file info) in both
+    ``determine_action`` and ``prepare_escalated_exec``.
     """
 
     async def determine_action(

@@ -13,7 +13,8 @@ import os
 from typing import Sequence
 
 from execgate.server.fileinfo import FileInfo
-from execgate.server.policy import NO_FACTS, Decision, ExecFacts, Execution, Permissions, PreparedExec, SessionContext
+from execgate.server.policy import (NO_FACTS, Decision, ExecFacts, Execution, FileIdentity, Permissions, PreparedExec,
+                                    SessionContext)
 from execgate.v1 import policy_pb2 as pb
 
 
@@ -121,10 +122,12 @@ def restore_text(prepared: PreparedExec, originals: Sequence[str]) -> PreparedEx
 
 
 def target_to_pb(program: str, argv: Sequence[str], workdir: str, facts: ExecFacts | None = None) -> pb.ExecTarget:
-    """Encode an exec target; ``facts`` (None: none sent) fill ``file``, ``children_unseen`` and
-    ``file_problem``, each left unset where unknown."""
+    """Encode an exec target; ``facts`` (None: none sent) fill ``identity`` (field 20) and
+    ``file``, ``children_unseen``, ``file_problem`` (30-32), each left unset where unknown."""
     msg = pb.ExecTarget(program=wire_text(program), argv=[wire_text(a) for a in argv], workdir=wire_text(workdir))
     if facts is not None:
+        if facts.identity is not None:
+            msg.identity.CopyFrom(identity_to_pb(facts.identity))
         if facts.file is not None:
             msg.file.CopyFrom(file_to_pb(facts.file))
         if facts.children_unseen is not None:
@@ -176,16 +179,49 @@ def file_from_pb(msg: pb.FileInfo, depth: int = 0) -> FileInfo:
 
 
 def facts_from_pb(msg: pb.ExecTarget) -> ExecFacts:
-    """The file facts an exec target carries (:data:`NO_FACTS` when it carries none).
+    """What an exec target carries of its file: identity (field 20) and file info (30-32);
+    :data:`NO_FACTS` when it carries none.
 
     Raises:
-        CodecError: ``file`` is invalid (see :func:`file_from_pb`).
+        CodecError: ``identity`` or ``file`` is invalid (see :func:`identity_from_pb`,
+            :func:`file_from_pb`).
     """
-    if not msg.HasField("file") and not msg.HasField("children_unseen") and not msg.file_problem:
+    identity = identity_from_pb(msg)
+    if identity is None and not msg.HasField("file") and not msg.HasField("children_unseen") \
+            and not msg.file_problem:
         return NO_FACTS
     info = file_from_pb(msg.file) if msg.HasField("file") else None
     unseen = msg.children_unseen if msg.HasField("children_unseen") else None
-    return ExecFacts(info, unseen, msg.file_problem or None)
+    return ExecFacts(info, unseen, msg.file_problem or None, identity)
+
+
+def identity_to_pb(identity: FileIdentity) -> pb.FileIdentity:
+    return pb.FileIdentity(
+        source=identity.source, device=identity.device, inode=identity.inode, uid=identity.uid,
+        mode=identity.mode, real_path=wire_text(identity.real_path), root_dir_chain=identity.root_dir_chain,
+        caller_can_modify=identity.caller_can_modify, pseudo_fs=identity.pseudo_fs,
+        same_for_server=identity.same_for_server,
+    )
+
+
+def identity_from_pb(msg: pb.ExecTarget) -> FileIdentity | None:
+    """The target's identity (field 20), or None when the client sent none.
+
+    Raises:
+        CodecError: an unknown ``source``, or a ``real_path`` that is neither empty nor absolute.
+    """
+    if not msg.HasField("identity"):
+        return None
+    i = msg.identity
+    if i.source not in ("fd", "path"):
+        raise CodecError(f"identity.source {i.source!r} is neither 'fd' nor 'path'")
+    if i.real_path and not os.path.isabs(i.real_path):
+        raise CodecError(f"identity.real_path {i.real_path!r} is not an absolute path")
+    return FileIdentity(
+        source=i.source, device=i.device, inode=i.inode, uid=i.uid, mode=i.mode, real_path=i.real_path,
+        root_dir_chain=i.root_dir_chain, caller_can_modify=i.caller_can_modify, pseudo_fs=i.pseudo_fs,
+        same_for_server=i.same_for_server,
+    )
 
 
 def target_from_pb(msg: pb.ExecTarget) -> tuple[str, tuple[str, ...], str]:

@@ -24,6 +24,17 @@ execgate extensions (Codex peers ignore unknown fields, so both are backward com
   ``{"signal": N}`` (:class:`SignalMessage`, N the Linux signal number) on the same stream. The server
   sends N to the escalated child's process group. A wrapper that does not know the field never sends
   such frames; a server that does not know them never advertises the field.
+* **Target fd.** An execgate wrapper opens the target itself (``open(file, O_PATH|O_CLOEXEC)``,
+  following symlinks, in its own view) and attaches that fd to the request frame's first byte,
+  marking the request with ``"execgate_target_fd": true`` (:data:`TARGET_FD_EXTENSION_FIELD`,
+  after ``env``). The server identifies that very file (:mod:`execgate.server.identity`) and the
+  policy judges it; on Run the wrapper executes the same fd (``execveat(fd, "", argv, envp,
+  AT_EMPTY_PATH)``, execveat(2)), so a decision is about the file that runs. A ``#!`` script is
+  executed by its path instead, after checking that the path still names the fd's file: the
+  kernel hands an interpreter ``/dev/fd/N``, which a close-on-exec fd no longer is (execveat(2),
+  ENOENT). A target that cannot be opened is sent without fd (the exec fails as it would have).
+  A request carrying the field without exactly one fd, or an fd without the field, breaks the
+  protocol. Codex peers never set it; a Codex server ignores the field (and the fd).
 * **Fallback socket path.** Each session also listens on a ``SOCK_STREAM`` Unix socket whose path is
   exported as ``EXECGATE_SOCKET_PATH`` (:data:`SOCKET_PATH_ENV_VAR`); its directory is private
   (mode 0700) and the socket mode 0600. A wrapper whose ``CODEX_ESCALATE_SOCKET`` fd is missing or
@@ -70,6 +81,9 @@ SOCKET_PATH_ENV_VAR = "EXECGATE_SOCKET_PATH"
 #: Variables a wrapper removes from the environment it sends in ``EscalateRequest.env``.
 REQUEST_ENV_EXCLUDED = OVERLAY_ENV_VARS
 
+#: Extra field of a request (execgate extension): ``true`` when exactly one fd rides on the
+#: request frame's first byte, the target the wrapper opened (``O_PATH``) and will execute.
+TARGET_FD_EXTENSION_FIELD = "execgate_target_fd"
 #: Extra field of an Escalate response: the server accepts ``{"signal": N}`` frames.
 SIGNALS_EXTENSION_FIELD = "execgate_signals"
 #: Signals (by name) a wrapper forwards to the escalated child's process group.
@@ -254,15 +268,21 @@ class EscalateRequest:
         argv: full argv including argv[0].
         workdir: absolute working directory of the caller.
         env: the caller's environment minus :data:`OVERLAY_ENV_VARS`.
+        target_fd: True when the target's fd rides on the frame (execgate extension, see the
+            module doc); the field is written only then, so Codex frames stay byte-exact.
     """
 
     file: str
     argv: list[str]
     workdir: str
     env: dict[str, str] = field(default_factory=dict)
+    target_fd: bool = False
 
     def to_json(self) -> bytes:
-        return _dumps({"file": self.file, "argv": self.argv, "workdir": self.workdir, "env": self.env})
+        obj: dict[str, Any] = {"file": self.file, "argv": self.argv, "workdir": self.workdir, "env": self.env}
+        if self.target_fd:
+            obj[TARGET_FD_EXTENSION_FIELD] = True
+        return _dumps(obj)
 
     @classmethod
     def from_obj(cls, obj: Any) -> EscalateRequest:
@@ -291,6 +311,7 @@ class EscalateRequest:
             argv=[_canonical(a) for a in argv],
             workdir=_canonical(workdir),
             env={_canonical(k): _canonical(v) for k, v in env.items()},
+            target_fd=obj.get(TARGET_FD_EXTENSION_FIELD) is True,
         )
 
 

@@ -53,7 +53,8 @@ from execgate.server.backstop import Backstop
 from execgate.server.escalation import Limits, handle_connection
 from execgate.server.exec_facts import Coverage, learn
 from execgate.server.fdpass import close_fds, encode_frame, recv_datagram, wait_readable
-from execgate.server.policy import Permissions, Policy, SessionContext
+from execgate.server.identity import peer_cred
+from execgate.server.policy import ExecFacts, Permissions, Policy, SessionContext
 from execgate.server.containment import NONE, Containment, Placement, Scope
 from execgate.server.session_start import StartPolicy
 from execgate.server.spawn import ChildProcess, running_pids, signal_group
@@ -286,14 +287,15 @@ class Session:
             raise
         held = True
         on_run = None
-        pid = _peer_pid(conn)  # the wrapper: it made the socket, or connected (unix(7))
-        if self.backstop is not None:
-            backstop = self.backstop
-            on_run = None if pid is None else (lambda program, argv: backstop.expect(pid, program, argv))
+        peer = peer_cred(conn)  # the wrapper: it made the socket, or connected (unix(7))
+        pid, uid = (None, None) if peer is None else peer
+        if self.backstop is not None and pid is not None:
+            backstop, caller = self.backstop, pid
+            on_run = lambda program, argv, ident: backstop.expect(caller, program, argv, ident)  # noqa: E731
         coverage = self.coverage
 
-        async def learn_facts(program: str):  # type: ignore[no-untyped-def]
-            return await learn(pid, program, coverage)
+        async def learn_facts(program: str, fd: int | None) -> ExecFacts:
+            return await learn(pid, program, coverage, uid=uid, fd=fd)
 
         def release() -> None:
             nonlocal held
@@ -367,15 +369,6 @@ def _listen(path: str) -> socket.socket:
         listener.close()
         raise
     return listener
-
-
-def _peer_pid(conn: socket.socket) -> int | None:
-    """The peer's pid in our pid namespace (``SO_PEERCRED``; 0 if it is outside it), or None."""
-    try:
-        pid, _, _ = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    except OSError:
-        return None
-    return pid or None
 
 
 def _peer_uid(conn: socket.socket) -> int | None:

@@ -4,7 +4,10 @@ A shell honouring ``EXEC_WRAPPER`` (or the preload shim) runs this instead of ``
 It asks the session's escalation server what to do (docs/DESIGN.md §2; sequence diagram in
 :mod:`execgate.server.protocol`) and then:
 
-* **Run** — ``execve(FILE, ARGV, environ)`` in place; the inherited ``CODEX_ESCALATE_SOCKET`` fd
+* **Run** — executes the very file the server judged: ``FILE`` is opened ``O_PATH`` before the
+  request and sent with it (execgate extension ``execgate_target_fd``), then executed with
+  ``execveat(fd, "", ARGV, environ, AT_EMPTY_PATH)`` (a ``#!`` script by its path, if that still
+  names the same file: see :func:`run_in_place`); the inherited ``CODEX_ESCALATE_SOCKET`` fd
   stays open and inheritable so that the program's own children are gated too.
 * **Escalate** — sends duplicates of its stdin/stdout/stderr, forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT
   if the server advertises ``execgate_signals``, and exits with the escalated command's status.
@@ -122,9 +125,21 @@ def connect(env: dict[str, str]) -> socket.socket:
     return sock
 
 
-def request_decision(sock: socket.socket, file: str, argv: Sequence[str], env: dict[str, str]) -> p.EscalateResponse:
+def open_target(file: bytes) -> int | None:
+    """The exec's target opened ``O_PATH | O_CLOEXEC`` (openat(2)) in our own view, symlinks
+    followed as execve would; None if it cannot be opened (the exec will fail with execve's own
+    error). The fd is owned by the caller: it rides on the request and Run executes it."""
+    try:
+        return os.open(file, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def request_decision(sock: socket.socket, file: str, argv: Sequence[str], env: dict[str, str],
+                     target: int | None = None) -> p.EscalateResponse:
     """Send the request and read the response. ``file``, ``argv`` and ``env`` are in wire form
-    (:func:`protocol.wire_str` of the caller's bytes).
+    (:func:`protocol.wire_str` of the caller's bytes); ``target`` (borrowed, may be None) rides on
+    the request frame, marked ``execgate_target_fd`` (execgate extension, docs/DESIGN.md §2).
 
     Raises:
         WrapperError: the working directory is unknown, the stream broke, or the answer is malformed.
@@ -134,21 +149,29 @@ def request_decision(sock: socket.socket, file: str, argv: Sequence[str], env: d
     except OSError as exc:
         raise WrapperError(f"cannot determine the working directory: {exc.strerror}") from exc
     request_env = {k: v for k, v in env.items() if k not in p.OVERLAY_ENV_VARS}
-    request = p.EscalateRequest(file=file, argv=list(argv), workdir=workdir, env=request_env)
+    request = p.EscalateRequest(file=file, argv=list(argv), workdir=workdir, env=request_env,
+                                target_fd=target is not None)
     try:
-        send_frame_blocking(sock, request.to_json())
+        send_frame_blocking(sock, request.to_json(), [] if target is None else [target])
         payload, _ = recv_frame_blocking(sock, max_fds=0)
         return p.EscalateResponse.from_obj(p.decode_json(payload))
     except (OSError, p.ProtocolError) as exc:
         raise WrapperError(f"no valid answer from the escalation server: {exc}") from exc
 
 
-def run_in_place(file: bytes, argv: Sequence[bytes], env: dict[bytes, bytes]) -> NoReturn:
-    """execve the original program (the caller's exact bytes), keeping the inherited handshake
-    socket open across it.
+def run_in_place(file: bytes, argv: Sequence[bytes], env: dict[bytes, bytes], target: int | None = None) -> NoReturn:
+    """Execute the very file the server judged (the caller's exact argv and env), keeping the
+    inherited handshake socket open across it.
+
+    ``target`` (the ``O_PATH`` fd sent with the request, close-on-exec) is executed with
+    ``execveat(target, "", argv, envp, AT_EMPTY_PATH)`` (execveat(2)); a ``#!`` script by its path
+    instead, if that still names the target's file: the kernel would hand its interpreter
+    ``/dev/fd/N``, which a close-on-exec fd no longer is (execveat(2), ENOENT). Without a target
+    (it could not be opened), execve by path reports the error.
 
     Raises:
-        WrapperError: execve failed (status 127 if the file does not exist, else 126).
+        WrapperError: the exec failed (status 127 if the file does not exist, else 126), or the
+            script's path names another file now.
     """
     try:
         os.set_inheritable(int(env.get(os.fsencode(p.ESCALATE_SOCKET_ENV_VAR), b"")), True)
@@ -159,12 +182,66 @@ def run_in_place(file: bytes, argv: Sequence[bytes], env: dict[bytes, bytes]) ->
     for name in ("SIGPIPE", "SIGXFSZ"):
         signal.signal(getattr(signal, name), signal.SIG_DFL)
     try:
+        if target is not None:
+            if not _is_script(target):
+                try:
+                    _execveat(target, argv, env)
+                except FileNotFoundError:
+                    pass  # a script we could not read here: by path, as below
+            _check_same(file, target)
         if argv and argv[0]:
             os.execve(file, list(argv), env)
         _libc_execve(file, argv, env)
     except OSError as exc:
         status = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_FAILURE
         raise WrapperError(f"cannot execute {p.wire_str(file)}: {exc.strerror}", status) from exc
+
+
+def _is_script(fd: int) -> bool:
+    """True if open file ``fd`` is a regular file starting with ``#!``, read through a new open of
+    ``/proc/self/fd/N`` (proc(5); an ``O_PATH`` fd cannot be read). False if it cannot be read."""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        readable = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError:
+        return False
+    try:
+        return os.pread(readable, 2, 0) == b"#!"
+    finally:
+        os.close(readable)
+
+
+def _check_same(file: bytes, fd: int) -> None:
+    """Raises WrapperError unless path ``file`` names the file open on ``fd`` (device, inode)."""
+    try:
+        a, b = os.fstat(fd), os.stat(file)
+    except OSError as exc:
+        raise WrapperError(f"cannot execute {p.wire_str(file)}: {exc.strerror}") from exc
+    if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+        raise WrapperError(f"cannot execute {p.wire_str(file)}: it names another file now than the one approved")
+
+
+def _execveat(fd: int, argv: Sequence[bytes], env: dict[bytes, bytes]) -> NoReturn:
+    """``execveat(fd, "", argv, envp, AT_EMPTY_PATH)`` by the raw system call (execveat(2)), for
+    any argv (empty included). ctypes is imported only here.
+
+    Raises:
+        OSError: the exec failed (the subclass for its errno).
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    c_argv = (ctypes.c_char_p * (len(argv) + 1))(*argv, None)
+    entries = [k + b"=" + v for k, v in env.items()]
+    c_env = (ctypes.c_char_p * (len(entries) + 1))(*entries, None)
+    libc.syscall(ctypes.c_long(_SYS_EXECVEAT), ctypes.c_int(fd), b"", c_argv, c_env, ctypes.c_int(_AT_EMPTY_PATH))
+    err = ctypes.get_errno()
+    raise OSError(err, os.strerror(err))
+
+
+_SYS_EXECVEAT = 322  # x86_64 (asm/unistd_64.h)
+_AT_EMPTY_PATH = 0x1000  # linux/fcntl.h
 
 
 def _libc_execve(file: bytes, argv: Sequence[bytes], env: dict[bytes, bytes]) -> NoReturn:
@@ -247,16 +324,20 @@ def main(argv: Sequence[str | bytes] | None = None) -> int:
     file, exec_argv = args[0], args[1:]
     raw_env = dict(os.environb)
     env = {p.wire_str(k): p.wire_str(v) for k, v in raw_env.items()}
+    target = open_target(file)
     try:
         with connect(env) as sock:
-            response = request_decision(sock, p.wire_str(file), [p.wire_str(a) for a in exec_argv], env)
+            response = request_decision(sock, p.wire_str(file), [p.wire_str(a) for a in exec_argv], env, target)
             if response.action == "Escalate":
                 status = escalate(sock, response.extensions.get(p.SIGNALS_EXTENSION_FIELD) is True)
                 return status if 0 <= status <= 255 else status & 0xFF
         if response.action == "Deny":
             sys.stderr.write(p.deny_message(response.reason) + "\n")
             return p.DENY_EXIT_CODE
-        run_in_place(file, exec_argv, raw_env)
+        run_in_place(file, exec_argv, raw_env, target)
     except WrapperError as exc:
         sys.stderr.write(f"{_PREFIX}{exc}\n")
         return exc.status
+    finally:
+        if target is not None:
+            os.close(target)

@@ -38,7 +38,8 @@ def test_execgate_tests_pass_under_execgate(short_tmp: Path):
 
     log, trace = short_tmp / "audit.jsonl", short_tmp / "execve.trace"
     done = subprocess.run(
-        [strace, "-f", "-qq", "-e", "trace=execve", "-e", "signal=none", "-o", str(trace),
+        [strace, "-f", "-qq", "-s", "4096", "-e", "trace=execve,execveat", "-e", "signal=none",
+         "-o", str(trace),
          *CLI, "run", "-q", "--sandbox", "none", "--audit-log", str(log), "--",
          sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SUBSET],
         cwd=ROOT, capture_output=True, text=True, timeout=110, check=False,
@@ -56,8 +57,10 @@ def test_execgate_tests_pass_under_execgate(short_tmp: Path):
     assert len(records) == wrapper_execs, (len(records), wrapper_execs)
     names = {Path(r["program"]).name for r in records}
     assert len(records) >= 8 and "nm" in names, sorted(names)
-    # Compared by basename: a caller may exec a relative path that the server resolved.
-    execd = {Path(p).name for p in re.findall(r'execve\("([^"]+)"', trace.read_text())}
+    # Compared by basename: a caller may exec a relative path that the server resolved. The
+    # wrapper runs a judged program with execveat(fd, "", argv, …, AT_EMPTY_PATH): named by argv[0].
+    execd = {Path(path or arg0).name for path, arg0 in re.findall(
+        r'execve\("([^"]+)"|execveat\(\d+, "", \["([^"]*)"', trace.read_text())}
     assert {Path(r["program"]).name for r in records} <= execd
     assert len({r["decision_id"] for r in records}) == len(records)
     assert {r["decision"] for r in records} == {"run"}

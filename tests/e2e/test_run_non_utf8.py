@@ -9,13 +9,15 @@ from run_support import audit_records, execgate, write_rules
 
 pytestmark = pytest.mark.e2e
 
+# By absolute path: a root session with --sandbox none can rewrite /usr/bin itself, so no
+# basename rule trusts what it runs (docs/DESIGN.md §5).
 RULES = """
 [[rule]]
 id = "od-escalates"
-program = "od"
+program = "/usr/bin/od"
 decision = "escalate"
 execution = "unsandboxed"
-match = ["od -c"]
+match = ["/usr/bin/od -c"]
 """
 
 

@@ -16,9 +16,12 @@ TRUES = 300
 RULES = """
 default = "run"
 
+# By absolute path: the session is root's with --sandbox none, which can rewrite /usr/bin itself,
+# so no basename rule trusts what it runs (docs/DESIGN.md §5); an absolute path is the
+# operator's word for exactly that file.
 [[rule]]
 id = "sleep-out"
-program = "sleep"
+program = "/usr/bin/sleep"
 decision = "escalate"
 execution = "unsandboxed"
 """
@@ -27,7 +30,7 @@ execution = "unsandboxed"
 # started first so that all of them are running (escalated, waiting on their child) while the
 # trues ask for their decisions.
 SCRIPT = f"""
-for i in $(seq {SLEEPS}); do (sleep 2; echo "sleep $?") & done
+for i in $(seq {SLEEPS}); do (/usr/bin/sleep 2; echo "sleep $?") & done
 for i in $(seq {TRUES}); do (/bin/true; echo "true $?") & done
 wait
 """
@@ -44,7 +47,7 @@ def test_parallel_escalated_and_background_execs_are_all_answered(tmp_path, wrap
     assert done.returncode == 0
     assert sorted(set(lines)) == ["sleep 0", "true 0"], lines
     assert (lines.count("sleep 0"), lines.count("true 0")) == (SLEEPS, TRUES)
-    names = {"sleep": "sleep", "/bin/true": "true"}  # `true` alone is a bash builtin: no exec
+    names = {"/usr/bin/sleep": "sleep", "/bin/true": "true"}  # `true` alone is a bash builtin: no exec
     decisions = [(names[r["argv"][0]], r["decision"]) for r in audit_records(log) if r["argv"][0] in names]
     assert decisions.count(("sleep", "escalate")) == SLEEPS
     assert decisions.count(("true", "run")) == TRUES

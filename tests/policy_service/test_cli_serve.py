@@ -21,6 +21,7 @@ from execgate.policy_service.server import serve_embedded
 from execgate.policy_service.transport import is_local_address
 from execgate.server.grpc_policy import GrpcPolicy
 from execgate.server.policy import SessionContext
+from identity_support import system_facts
 
 from policy_fixtures import rules_file, release_grpc_objects, service  # noqa: F401 - fixtures
 
@@ -70,11 +71,11 @@ async def test_policy_process_killed_mid_session(short_tmp: Path, rules_file: Pa
     async with serve_process(short_tmp, rules_file) as (proc, address):
         # A generous deadline: a freshly started service on a loaded machine may answer slowly.
         policy = GrpcPolicy(address, timeout_s=5)
-        before = await policy.determine_action("/usr/bin/echo", ["echo", "hi"], "/tmp", SESSION)
+        before = await policy.determine_action("/usr/bin/echo", ["echo", "hi"], "/tmp", SESSION, facts=system_facts("/usr/bin/echo"))
         proc.kill()
         await proc.wait()
         started = time.monotonic()
-        after = await policy.determine_action("/usr/bin/echo", ["echo", "hi"], "/tmp", SESSION)
+        after = await policy.determine_action("/usr/bin/echo", ["echo", "hi"], "/tmp", SESSION, facts=system_facts("/usr/bin/echo"))
         elapsed = time.monotonic() - started
         await policy.aclose()
         # grpc delivers the completion of an interrupted reconnect attempt to this loop shortly

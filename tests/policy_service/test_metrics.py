@@ -25,6 +25,7 @@ from execgate.server.metrics import CLIENT_SPAN, ClientMetrics
 from execgate.server.policy import SessionContext
 from execgate.server.telemetry import MetricsEndpoint, TelemetryError, parse_metrics_address
 
+from identity_support import system_facts
 from policy_fixtures import rules_file, release_grpc_objects, service  # noqa: F401 - fixtures
 from test_approvals import Approver
 
@@ -67,7 +68,9 @@ def tracer() -> tuple[TracerProvider, InMemorySpanExporter]:
 
 
 async def ask(policy: GrpcPolicy, program: str, *args: str, workdir: str = "/tmp"):
-    return await policy.determine_action(program, [program.rsplit("/", 1)[-1], *args], workdir, SESSION)
+    """Ask as an escalation server would, with the facts it sends for a system file."""
+    return await policy.determine_action(program, [program.rsplit("/", 1)[-1], *args], workdir, SESSION,
+                                         facts=system_facts(program))
 
 
 async def test_every_outcome_is_counted_once_on_both_sides_and_traced(service, short_tmp: Path) -> None:

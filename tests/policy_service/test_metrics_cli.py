@@ -14,6 +14,7 @@ import pytest
 from execgate.server.grpc_policy import GrpcPolicy
 from execgate.server.policy import SessionContext
 
+from identity_support import system_facts
 from otlp_support import otlp_receiver
 from policy_fixtures import rules_file, release_grpc_objects  # noqa: F401 - fixtures
 from test_metrics import scraped, value
@@ -44,7 +45,8 @@ async def test_serve_metrics_and_otlp(short_tmp: Path, rules_file: Path) -> None
             url = await metrics_url(proc)
             policy = GrpcPolicy(address)
             for program in ("/bin/echo", "/bin/echo", "/bin/rm"):
-                await policy.determine_action(program, [program.rsplit("/", 1)[-1]], "/tmp", SESSION)
+                await policy.determine_action(program, [program.rsplit("/", 1)[-1]], "/tmp", SESSION,
+                                              facts=system_facts(program))  # as a server sends for a system file
             await policy.aclose()
             page = await scraped(url)
             proc.send_signal(signal.SIGTERM)

@@ -10,6 +10,7 @@ import pytest
 
 from execgate.policy_service.rules import DEFAULT_RULES_PATH, RuleSet, RulesError
 from execgate.server.policy import Execution, Permissions
+from identity_support import system_facts, system_identity
 
 RULES = """
 [[rule]]
@@ -99,18 +100,18 @@ def rules(tmp_path: Path) -> RuleSet:
     ],
 )
 def test_evaluate(rules, program, argv, decision, rule_id, n_matched):
-    ev = rules.evaluate(program, argv)
+    ev = rules.evaluate(program, argv, system_facts(program))
     assert ev.decision == decision
     assert (ev.rule.id if ev.rule else None) == rule_id
     assert len(ev.matched) == n_matched
 
 
 def test_escalation_carries_execution_and_allow_env(rules):
-    ev = rules.evaluate("/usr/bin/git", ["git", "push"])
+    ev = rules.evaluate("/usr/bin/git", ["git", "push"], system_facts("/usr/bin/git"))
     assert ev.execution == Execution("permissions", Permissions(True, ("/var/cache/x",), ()))
     assert ev.allow_env == ("SSH_AUTH_SOCK",)
     assert "git-net" in ev.reason
-    ev = rules.evaluate("/opt/tools/ls", ["ls"])
+    ev = rules.evaluate("/opt/tools/ls", ["ls"], system_facts("/opt/tools/ls"))
     assert ev.execution == Execution("session_default")
 
 
@@ -136,18 +137,19 @@ def test_symlink_in_untrusted_dir_to_trusted_git_is_untrusted(rules, tmp_path):
 def test_renamed_symlink_to_denied_program_is_denied(rules, tmp_path):
     link = tmp_path / "innocent"
     link.symlink_to("/usr/bin/sudo")
-    ev = rules.evaluate(str(link), ["innocent", "id"])
+    # The server sends the real file it identified; its basename carries the denied name.
+    ev = rules.evaluate(str(link), ["innocent", "id"], system_facts(str(link), real_path="/usr/bin/sudo"))
     assert (ev.decision, ev.rule.id) == ("deny", "no-sudo")
 
 
 def test_trusted_dirs_add_to_the_root_owned_check(tmp_path):
     (tmp_path / "t.toml").write_text(RULES)
     rules = RuleSet.load([tmp_path / "t.toml"], trusted_dirs=[str(tmp_path / "bin")])
-    assert rules.evaluate(str(tmp_path / "bin" / "git"), ["git", "push"]).decision == "escalate"
+    assert rules.evaluate(str(tmp_path / "bin" / "git"), ["git", "push"], system_facts(str(tmp_path / "bin" / "git"))).decision == "escalate"
     # Listing a virtualenv's bin does not take trust away from the system's git.
-    assert rules.evaluate("/usr/bin/git", ["git", "push"]).decision == "escalate"
-    assert rules.evaluate(str(tmp_path / "bin/sub/git"), ["git", "push"]).decision == "run"
-    assert rules.evaluate(str(tmp_path / "git"), ["git", "push"]).decision == "run"
+    assert rules.evaluate("/usr/bin/git", ["git", "push"], system_facts("/usr/bin/git")).decision == "escalate"
+    assert rules.evaluate(str(tmp_path / "bin/sub/git"), ["git", "push"], system_facts(str(tmp_path / "bin/sub/git"))).decision == "run"
+    assert rules.evaluate(str(tmp_path / "git"), ["git", "push"], system_facts(str(tmp_path / "git"))).decision == "run"
 
 
 def test_host_executable_limits_trust_to_listed_paths(tmp_path):
@@ -160,8 +162,8 @@ def test_host_executable_limits_trust_to_listed_paths(tmp_path):
         decision = "escalate"
     """))
     rules = RuleSet.load([tmp_path / "h.toml"])
-    assert rules.evaluate("/opt/homebrew/bin/git", ["git"]).decision == "escalate"
-    assert rules.evaluate("/usr/bin/git", ["git"]).decision == "run"
+    assert rules.evaluate("/opt/homebrew/bin/git", ["git"], system_facts("/opt/homebrew/bin/git", uid=1000, caller_can_modify=True)).decision == "escalate"
+    assert rules.evaluate("/usr/bin/git", ["git"], system_facts("/usr/bin/git")).decision == "run"
     assert rules.rules[0].id == "h.toml#1"
 
 
@@ -237,7 +239,7 @@ DEFAULTS = [
 
 @pytest.mark.parametrize(("program", "argv", "decision", "rule_id"), DEFAULTS)
 def test_default_rules(program, argv, decision, rule_id):
-    ev = RuleSet.load([DEFAULT_RULES_PATH]).evaluate(program, argv)
+    ev = RuleSet.load([DEFAULT_RULES_PATH]).evaluate(program, argv, system_facts(program))
     assert (ev.decision, ev.rule.id if ev.rule else None) == (decision, rule_id)
     if decision == "escalate":
         assert ev.execution == Execution("permissions", Permissions(network=True))
@@ -245,7 +247,6 @@ def test_default_rules(program, argv, decision, rule_id):
 
 def test_is_trusted_uses_root_owned_system_dirs():
     rules = RuleSet([])
-    assert rules.is_trusted("/usr/bin/env")
-    assert not rules.is_trusted("/tmp/env")  # /tmp is writable by others
-    assert not rules.is_trusted("env")
-    assert os.stat("/tmp").st_mode & 0o002
+    assert rules.is_trusted("/usr/bin/env", system_identity("/usr/bin/env"))
+    assert not rules.is_trusted("/tmp/env", system_identity("/tmp/env"))  # the caller's own
+    assert not rules.is_trusted("env", system_identity("/usr/bin/env"))

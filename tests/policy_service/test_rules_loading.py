@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import textwrap
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 
 from execgate.policy_service.rules import DEFAULT_RULES_PATH, RuleSet, RulesError
 from execgate.server.policy import Execution
+from identity_support import system_facts, system_identity
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -108,7 +110,7 @@ prefix_rule(pattern = ["gh"], decision = "allow")
 )
 def test_codex_rules(tmp_path, program, argv, decision, rule_id, execution):
     (tmp_path / "c.rules").write_text(CODEX)
-    ev = RuleSet.load([tmp_path / "c.rules"]).evaluate(program, argv)
+    ev = RuleSet.load([tmp_path / "c.rules"]).evaluate(program, argv, system_facts(program))
     assert (ev.decision, ev.rule.id if ev.rule else None, ev.execution) == (
         decision, rule_id, execution)
 
@@ -195,7 +197,8 @@ def test_shipped_rules_load_and_pass_their_examples(path):
             program = head if head.startswith("/") else f"/usr/bin/{head}"
             if "/" in rule.program or "/" in head:
                 program = rule.program if expected else head
-            ids = {r.id for r in rules.evaluate(program, example, example.facts).matched}
+            facts = dataclasses.replace(example.facts, identity=system_identity(program))
+            ids = {r.id for r in rules.evaluate(program, example, facts).matched}
             hit = rule.id in ids
             if expected:
                 checked += 1
@@ -239,7 +242,7 @@ def test_every_default_rule_has_examples():
 )
 def test_example_decisions(files, program, argv, decision, rule_id):
     paths = [DEFAULT_RULES_PATH if f == "default.toml" else EXAMPLES / f for f in files]
-    ev = RuleSet.load(paths).evaluate(program, argv)
+    ev = RuleSet.load(paths).evaluate(program, argv, system_facts(program))
     assert (ev.decision, ev.rule.id if ev.rule else None) == (decision, rule_id)
 
 

@@ -16,6 +16,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from execgate.policy_service.envclean import SAFE_PATH
 from execgate.v1 import policy_pb2 as pb
 from execgate.v1 import policy_pb2_grpc
+from execgate.server import policy_codec as codec
+from identity_support import system_facts
 
 from policy_fixtures import rules_file, release_grpc_objects, service  # noqa: F401 - fixtures
 
@@ -25,7 +27,8 @@ SESSION = pb.SessionContext(session_id="s-1", labels={"agent": "a1"})
 
 
 def target(program: str, *args: str, workdir: str = "/tmp") -> pb.ExecTarget:
-    return pb.ExecTarget(program=program, argv=[os.path.basename(program), *args], workdir=workdir)
+    """The target as an escalation server sends it: with the identity facts of a system file."""
+    return codec.target_to_pb(program, [os.path.basename(program), *args], workdir, system_facts(program))
 
 
 async def determine(address: str, tgt: pb.ExecTarget, session=SESSION) -> pb.Decision:

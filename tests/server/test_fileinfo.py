@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from execgate.server.exec_facts import I386, Coverage, children_unseen, describe_in_root, gather
-from execgate.server.fileinfo import NotRegular, describe, kinds, open_in_root
+from execgate.server.fileinfo import NotRegular, describe, kinds
+from execgate.server.identity import open_in_root
 
 HELLO = "int main(void) { return 0; }\n"
 PRELOAD_64 = Coverage(seccomp=False, preload_abis=frozenset({(64, 62)}))

@@ -46,12 +46,84 @@ def test_request_frame_is_byte_exact(peer: RawPeer, wrapper_path: str, wrapper_k
         stream.sendall(vector("response_deny_reason"))
     code, out, err = finish(proc)
     request = json.loads(frame[4:])
-    assert fds == [] and struct.unpack("<I", frame[:4])[0] == len(frame) - 4
+    try:
+        # The execgate extension: the target, opened O_PATH, rides on the frame (the very file).
+        assert len(fds) == 1 and _same_file(os.fstat(fds[0]), os.stat("/bin/echo"))
+        assert os.readlink(f"/proc/self/fd/{fds[0]}") == os.path.realpath("/bin/echo")
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert struct.unpack("<I", frame[:4])[0] == len(frame) - 4
     assert request["file"] == "/bin/echo" and request["argv"] == ["echo", "hi"] and request["workdir"] == "/tmp"
     assert "CODEX_ESCALATE_SOCKET" not in request["env"] and "EXEC_WRAPPER" not in request["env"]
+    assert request["execgate_target_fd"] is True and list(request)[-1] == "execgate_target_fd"
     if wrapper_kind == "native":  # the Python interpreter may add LC_CTYPE (PEP 538) to its env
-        assert frame == vector("escalate_request")
+        # The Codex frame byte for byte, with the extension field appended (Codex servers ignore it).
+        codex = vector("escalate_request")[4:]
+        assert frame[4:] == codex[:-1] + b',"execgate_target_fd":true}'
     assert (code, out, err) == (1, "", "Execution denied: Execution forbidden by policy\n")
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def test_request_without_openable_target_is_the_codex_request(peer: RawPeer, wrapper_path: str) -> None:
+    proc = peer.spawn(wrapper_path, ["/nonexistent/tool", "tool"], peer.overlay(wrapper_path), cwd="/tmp")
+    with peer.accept_handshake() as stream:
+        frame, fds = read_raw_frame(stream)
+        write_frame(stream, {"action": "Run"})
+    code, _, err = finish(proc)
+    request = json.loads(frame[4:])
+    assert fds == [] and list(request) == ["file", "argv", "workdir", "env"]
+    assert code == 127 and "/nonexistent/tool" in err  # execve's own error, nothing ran
+
+
+def test_run_executes_the_very_file_that_was_sent(peer: RawPeer, wrapper_path: str, tmp_path: Path) -> None:
+    # The path is retargeted between the request and the answer: Run executes the file judged.
+    link = tmp_path / "tool"
+    link.symlink_to("/bin/echo")
+    proc = peer.spawn(wrapper_path, [str(link), "tool", "judged-file-ran"], peer.overlay(wrapper_path))
+    with peer.accept_handshake() as stream:
+        _, fds = read_raw_frame(stream)
+        for fd in fds:
+            os.close(fd)
+        link.unlink()
+        link.symlink_to("/bin/false")
+        write_frame(stream, {"action": "Run"})
+    assert finish(proc) == (0, "judged-file-ran\n", "")
+
+
+def test_run_of_a_script_goes_by_path_when_unchanged(peer: RawPeer, wrapper_path: str, tmp_path: Path) -> None:
+    script = tmp_path / "hello"
+    script.write_text('#!/bin/sh\necho "script $0 $1"\n')
+    script.chmod(0o755)
+    proc = peer.spawn(wrapper_path, [str(script), "hello", "x"], peer.overlay(wrapper_path))
+    with peer.accept_handshake() as stream:
+        _, fds = read_raw_frame(stream)
+        assert len(fds) == 1
+        os.close(fds[0])
+        write_frame(stream, {"action": "Run"})
+    # $0 is the script's path, as without execgate (not /dev/fd/N).
+    assert finish(proc) == (0, f"script {script} x\n", "")
+
+
+def test_run_of_a_script_replaced_after_the_request_is_refused(peer: RawPeer, wrapper_path: str, tmp_path: Path) -> None:
+    script = tmp_path / "tool"
+    script.write_text("#!/bin/sh\necho judged\n")
+    script.chmod(0o755)
+    other = tmp_path / "other"
+    other.write_text("#!/bin/sh\necho swapped-in\n")
+    other.chmod(0o755)
+    proc = peer.spawn(wrapper_path, [str(script), "tool"], peer.overlay(wrapper_path))
+    with peer.accept_handshake() as stream:
+        _, fds = read_raw_frame(stream)
+        for fd in fds:
+            os.close(fd)
+        other.rename(script)
+        write_frame(stream, {"action": "Run"})
+    code, out, err = finish(proc)
+    assert (code, out) == (126, "") and "names another file now than the one approved" in err
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,12 @@
  * enforces the answer:
  *   handshake  datagram b"\0" + SCM_RIGHTS(fresh SOCK_STREAM socketpair end) on the inherited
  *              CODEX_ESCALATE_SOCKET, or, when that fd is gone, connect to EXECGATE_SOCKET_PATH;
- *   request    frame {"file","argv","workdir","env"} (env minus the two overlay variables);
- *   Run        execve in place by the raw syscall (never re-intercepted by the preload shim),
- *              inherited socket kept so that the program's children are gated too;
+ *   request    frame {"file","argv","workdir","env"} (env minus the two overlay variables),
+ *              with the target opened O_PATH attached and "execgate_target_fd":true (execgate
+ *              extension: the server judges that very file);
+ *   Run        execveat(target, "", AT_EMPTY_PATH) in place by the raw syscall (never
+ *              re-intercepted by the preload shim; a "#!" script by path, if it still names the
+ *              target), inherited socket kept so that the program's children are gated too;
  *   Escalate   frame {"fds":[0,1,2]} with duplicates of 0,1,2 on its first byte, wait for
  *              {"exit_code":N}, exit N; with "execgate_signals": true, forward SIGINT, SIGTERM,
  *              SIGHUP and SIGQUIT as frames {"signal":N};
@@ -38,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -160,8 +164,10 @@ static int is_overlay(const char *entry)
     return eg_env_is(entry, EG_ENV_SOCKET) || eg_env_is(entry, EG_ENV_WRAPPER);
 }
 
-/* {"file":F,"argv":[...],"workdir":W,"env":{...}} in the field order of the Codex request. */
-static void build_request(struct buf *b, const char *file, char *const argv[], const char *cwd)
+/* {"file":F,"argv":[...],"workdir":W,"env":{...}} in the field order of the Codex request, then
+ * "execgate_target_fd":true when the target's fd rides on the frame (WITH_FD). */
+static void build_request(struct buf *b, const char *file, char *const argv[], const char *cwd,
+                          int with_fd)
 {
     buf_puts(b, "{\"file\":");
     json_string(b, file, strlen(file));
@@ -191,7 +197,7 @@ static void build_request(struct buf *b, const char *file, char *const argv[], c
         buf_put(b, ":", 1);
         json_string(b, eq + 1, strlen(eq + 1));
     }
-    buf_puts(b, "}}");
+    buf_puts(b, with_fd ? "},\"execgate_target_fd\":true}" : "}}");
 }
 
 /* ---- JSON decoding: a small strict parser; unknown fields are kept and ignored ------------- */
@@ -648,10 +654,50 @@ static int connect_server(void)
 
 /* ---- the three outcomes --------------------------------------------------------------------- */
 
-static void run_in_place(const char *file, char *const argv[])
+/* 1 if open file FD is a regular file starting with "#!" (read through a new open of
+ * /proc/self/fd/FD, proc(5): an O_PATH fd cannot be read), else 0 (also when that cannot be read:
+ * an interpreter could not read it either). Never opens anything but a regular file. */
+static int is_script(int fd)
 {
-    /* The raw syscall: a preloaded shim must not turn this exec into another wrapper run. */
+    struct stat st;
+    char path[64], magic[2];
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        return 0;
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int r = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (r < 0)
+        return 0;
+    ssize_t n = pread(r, magic, sizeof magic, 0);
+    close(r);
+    return n == 2 && magic[0] == '#' && magic[1] == '!';
+}
+
+/* execve FILE by path, but only if it still names the file open on FD (same device and inode). */
+static void exec_path_if_same(const char *file, char *const argv[], int fd)
+{
+    struct stat a, b;
+    if (fstat(fd, &a) != 0 || stat(file, &b) != 0 || a.st_dev != b.st_dev || a.st_ino != b.st_ino)
+        die(EXIT_FAILURE_GATE, "cannot execute %s: it names another file now than the one approved",
+            file);
     syscall(SYS_execve, file, argv, environ);
+}
+
+/* Run: execute the very file the server judged. TARGET is the O_PATH fd sent with the request
+ * (close-on-exec), or -1 when FILE could not be opened (then by path, to get execve's own error).
+ * By raw syscalls: a preloaded shim must not turn this exec into another wrapper run.
+ * execveat(TARGET, "", ..., AT_EMPTY_PATH) (execveat(2)); a "#!" script is executed by path
+ * instead, after checking the path still names TARGET's file, since the kernel would hand the
+ * interpreter "/dev/fd/N" of a close-on-exec fd, gone by then (execveat(2): ENOENT). */
+static void run_in_place(const char *file, char *const argv[], int target)
+{
+    if (target >= 0 && is_script(target))
+        exec_path_if_same(file, argv, target);
+    else if (target >= 0) {
+        syscall(SYS_execveat, target, "", argv, environ, AT_EMPTY_PATH);
+        if (errno == ENOENT) /* a script we could not read here: as above */
+            exec_path_if_same(file, argv, target);
+    } else
+        syscall(SYS_execve, file, argv, environ);
     int err = errno;
     die(err == ENOENT ? 127 : EXIT_FAILURE_GATE, "cannot execute %s: %s", file, strerror(err));
 }
@@ -753,15 +799,18 @@ int main(int argc, char *argv[])
         die(EXIT_FAILURE_GATE, "cannot determine the working directory: %s", strerror(errno));
 
     int stream = connect_server();
-    build_request(&req, file, argv + 2, cwd);
-    send_frame(stream, req.p, req.len, NULL, 0);
+    /* The target, opened in our own view as execve would resolve it (symlinks followed); the
+     * server identifies this very file and Run executes it (execgate extension, DESIGN.md §2). */
+    int target = open(file, O_PATH | O_CLOEXEC);
+    build_request(&req, file, argv + 2, cwd, target >= 0);
+    send_frame(stream, req.p, req.len, target >= 0 ? &target : NULL, target >= 0 ? 1 : 0);
     free(req.p);
 
     struct jv *resp = recv_json(stream, "answering");
     struct jv *action = jget(resp, "action");
     if (action != NULL && action->t == J_STR && strcmp(action->s, "Run") == 0) {
         close(stream);
-        run_in_place(file, argv + 2);
+        run_in_place(file, argv + 2, target);
     }
     if (action != NULL && action->t == J_STR && strcmp(action->s, "Escalate") == 0) {
         struct jv *sig = jget(resp, "execgate_signals");

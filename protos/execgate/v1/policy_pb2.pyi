@@ -55,20 +55,46 @@ class SessionContext(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., sandbox: _Optional[_Union[Permissions, _Mapping]] = ...) -> None: ...
 
 class ExecTarget(_message.Message):
-    __slots__ = ("program", "argv", "workdir", "file", "children_unseen", "file_problem")
+    __slots__ = ("program", "argv", "workdir", "identity", "file", "children_unseen", "file_problem")
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     ARGV_FIELD_NUMBER: _ClassVar[int]
     WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
     FILE_FIELD_NUMBER: _ClassVar[int]
     CHILDREN_UNSEEN_FIELD_NUMBER: _ClassVar[int]
     FILE_PROBLEM_FIELD_NUMBER: _ClassVar[int]
     program: str
     argv: _containers.RepeatedScalarFieldContainer[str]
     workdir: str
+    identity: FileIdentity
     file: FileInfo
     children_unseen: bool
     file_problem: str
-    def __init__(self, program: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., file: _Optional[_Union[FileInfo, _Mapping]] = ..., children_unseen: _Optional[bool] = ..., file_problem: _Optional[str] = ...) -> None: ...
+    def __init__(self, program: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., identity: _Optional[_Union[FileIdentity, _Mapping]] = ..., file: _Optional[_Union[FileInfo, _Mapping]] = ..., children_unseen: _Optional[bool] = ..., file_problem: _Optional[str] = ...) -> None: ...
+
+class FileIdentity(_message.Message):
+    __slots__ = ("source", "device", "inode", "uid", "mode", "real_path", "root_dir_chain", "caller_can_modify", "pseudo_fs", "same_for_server")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    REAL_PATH_FIELD_NUMBER: _ClassVar[int]
+    ROOT_DIR_CHAIN_FIELD_NUMBER: _ClassVar[int]
+    CALLER_CAN_MODIFY_FIELD_NUMBER: _ClassVar[int]
+    PSEUDO_FS_FIELD_NUMBER: _ClassVar[int]
+    SAME_FOR_SERVER_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    device: int
+    inode: int
+    uid: int
+    mode: int
+    real_path: str
+    root_dir_chain: bool
+    caller_can_modify: bool
+    pseudo_fs: bool
+    same_for_server: bool
+    def __init__(self, source: _Optional[str] = ..., device: _Optional[int] = ..., inode: _Optional[int] = ..., uid: _Optional[int] = ..., mode: _Optional[int] = ..., real_path: _Optional[str] = ..., root_dir_chain: _Optional[bool] = ..., caller_can_modify: _Optional[bool] = ..., pseudo_fs: _Optional[bool] = ..., same_for_server: _Optional[bool] = ...) -> None: ...
 
 class FileInfo(_message.Message):
     __slots__ = ("format", "elf_class", "machine", "linkage", "interpreter", "setuid", "setgid", "capabilities", "problem", "interpreter_info")
