@@ -155,6 +155,7 @@ class EscalateServer:
         self.seccomp_launcher = seccomp_launcher
         self.on_note = on_note
         self._containment = containment
+        self.ctty_launcher = ctty_launcher
 
     @property
     def containment(self) -> Containment:
@@ -166,7 +167,6 @@ class EscalateServer:
         if not isinstance(self._containment, Containment):
             self._containment = choose(self._containment, fallback="none")
         return self._containment
-        self.ctty_launcher = ctty_launcher
 
     def start_session(self, session_id: str | None = None, labels: Mapping[str, str] | None = None) -> Session:
         """Create a session and start serving it (needs a running event loop).
