@@ -58,7 +58,7 @@ async def serve_terminal_approver(broker: ApprovalBroker, terminal: PromptTermin
     async with broker.subscribe() as queue:
         while True:
             request = await queue.get()
-            if broker.is_pending(request.request_id):
+            if await broker.is_pending(request.request_id):
                 await ask(broker, terminal, request, name=name)
 
 
@@ -84,7 +84,7 @@ async def ask(broker: ApprovalBroker, terminal: PromptTerminal, request: Approva
             return
         verdict, reason = answer.result()
         try:
-            broker.resolve(request.request_id, verdict, reason=reason, approver=name)
+            await broker.resolve(request.request_id, verdict, reason=reason, approver=name)
         except UnknownRequest:
             await terminal.write("   no longer pending (answered elsewhere, or expired)\n")
             return
@@ -93,7 +93,7 @@ async def ask(broker: ApprovalBroker, terminal: PromptTerminal, request: Approva
 
 async def _settled(broker: ApprovalBroker, request_id: str) -> None:
     """Return once ``request_id`` is no longer pending (answered elsewhere, or past its deadline)."""
-    while broker.is_pending(request_id):
+    while await broker.is_pending(request_id):
         await asyncio.sleep(SETTLED_POLL_S)
 
 
