@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -67,7 +68,7 @@ justification = "an over-broad rule: the attacker's own code runs escalated"
 def _script(attack_args: str = "") -> str:
     """Start the attacker, wait until it has connected everywhere, make the prompt, stop it."""
     return (
-        f"rm -f ready done; {PYTHON} {ATTACK} {SITE} ready done attack.log {attack_args} & "
+        f"rm -f ready done; {PYTHON} self_approve.py {SITE} ready done attack.log {attack_args} & "
         "i=0; while [ ! -e ready ] && [ $i -lt 400 ]; do sleep 0.1; i=$((i+1)); done; "
         "./pwned; echo \"pwned=$?\"; touch done; wait; "
         "echo plain-ok; ./denied; echo \"denied=$?\""
@@ -78,6 +79,9 @@ def _prepare(attacker: Attacker) -> Path:
     work = attacker.workdir()
     attacker.marker_program(work, "pwned")
     attacker.marker_program(work, "denied")
+    # The attack runs from the working directory: the repository may live under the host's /tmp
+    # (CI copies it there), which the sandbox hides.
+    shutil.copy(ATTACK, work / "self_approve.py")
     return work
 
 
