@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -40,7 +41,7 @@ justification = "the marker needs a person"
 
 
 def _script(real_tty: str) -> str:
-    return (f"rm -f ready done; {PYTHON} {ATTACK} {real_tty} execgate.pid ready done tty-attack.log & "
+    return (f"rm -f ready done; {PYTHON} tty_attack.py {real_tty} execgate.pid ready done tty-attack.log & "
             "i=0; while [ ! -e ready ] && [ $i -lt 400 ]; do sleep 0.1; i=$((i+1)); done; "
             './pwned; echo "pwned=$?"; touch done; wait; echo finished')
 
@@ -48,6 +49,9 @@ def _script(real_tty: str) -> str:
 def test_session_cannot_answer_its_prompt_through_the_terminal(attacker: Attacker) -> None:
     work = attacker.workdir()
     attacker.marker_program(work, "pwned")
+    # Run from the working directory: CI copies the repository under the host's /tmp, which the
+    # sandbox hides.
+    shutil.copy(ATTACK, work / "tty_attack.py")
     rules = work / "rules.toml"
     rules.write_text(RULES)
     user = PtyUser(owner=(attacker.uid, attacker.gid))
