@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from execgate.server.grpc_policy import GrpcPolicy
 from execgate.server.policy import Decision, SessionContext
 
+from identity_support import system_facts
 from redis_support import RedisServer, free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.slow]
@@ -149,7 +150,7 @@ class Sessions:
             program, expected = CASES[(n + index) % len(CASES)]
             began = self.phase
             decision = await self.policy.determine_action(program, [program.rsplit("/", 1)[1], str(n)], "/tmp",
-                                                          session)
+                                                          session, facts=system_facts(program))
             self.outcomes.append(Outcome(began, self.phase, judge(decision, expected), decision.action))
             n += 1
             await asyncio.sleep(0.005)
@@ -173,7 +174,8 @@ async def approve_on(replica: Replica, policy_a: GrpcPolicy, directory: Path) ->
     )
     assert approver.stdin is not None and approver.stdout is not None
     asking = asyncio.ensure_future(policy_a.determine_action(
-        "/usr/bin/ls", ["ls", "-l", str(directory)], "/tmp", SessionContext("s-prompt", {"agent": "p"})))
+        "/usr/bin/ls", ["ls", "-l", str(directory)], "/tmp", SessionContext("s-prompt", {"agent": "p"}),
+        facts=system_facts("/usr/bin/ls")))
     shown = b""
     while b"argv:" not in shown:
         shown += await asyncio.wait_for(approver.stdout.readline(), 20)

@@ -18,6 +18,8 @@ from typing import AsyncIterator
 
 import grpc
 import pytest
+
+from execgate.server import policy_codec as codec
 import redis.asyncio as aioredis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -28,6 +30,7 @@ from execgate.v1 import approvals_pb2_grpc
 from execgate.v1 import policy_pb2 as pb
 
 from policy_fixtures import rules_file, release_grpc_objects  # noqa: F401 - fixtures
+from identity_support import system_facts
 from redis_support import RedisServer
 from test_approvals import Approver, determine, ls_request
 
@@ -37,7 +40,8 @@ pytestmark = pytest.mark.anyio
 def echo_request(session_id: str = "s-1") -> pb.DetermineActionRequest:
     return pb.DetermineActionRequest(
         session=pb.SessionContext(session_id=session_id),
-        target=pb.ExecTarget(program="/usr/bin/echo", argv=["echo", "hi"], workdir="/tmp"),
+        # With the facts a server sends for a root-owned system file: basename rules trust only those.
+        target=codec.target_to_pb("/usr/bin/echo", ["echo", "hi"], "/tmp", system_facts("/usr/bin/echo")),
     )
 
 

@@ -100,7 +100,7 @@ def test_a_session_grant_covers_that_very_file_only() -> None:
         broker = ApprovalBroker(timeout_s=5)
         async with broker.subscribe() as queue:
             asking = asyncio.ensure_future(broker.request(session, "/w/tool", ["tool"], "/w", facts=first, **kw))
-            broker.resolve((await queue.get()).request_id, "session", approver="alice")
+            await broker.resolve((await queue.get()).request_id, "session", approver="alice")
             approved = (await asking).approved
             again = (await broker.request(session, "/w/tool", ["tool"], "/w", facts=first, **kw)).result == "granted"
             other = asyncio.ensure_future(broker.request(session, "/w/tool", ["tool"], "/w", facts=swapped, **kw))
