@@ -72,7 +72,11 @@ def is_local_address(address: str) -> bool:
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ValueError(f"{address!r} is neither unix:///path nor host:port")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return is_loopback_host(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback IPs (127.0.0.0/8, ``::1``); False for any other name or IP."""
     if host == "localhost":
         return True
     try:

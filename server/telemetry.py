@@ -13,12 +13,13 @@ when tracing is configured, by ``--otlp-endpoint`` or the standard ``OTEL_EXPORT
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from prometheus_client import CollectorRegistry, start_http_server
+
+from execgate.policy_service.transport import is_loopback_host
 
 #: Latency buckets, in seconds: a rules decision takes well under a millisecond, a prompt may wait
 #: for a person for minutes (the default approval timeout is 60 s, a client's prompt deadline 300 s).
@@ -48,19 +49,10 @@ def parse_metrics_address(text: str, *, public: bool = False) -> tuple[str, int]
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise TelemetryError(f"--metrics {text!r}: expected HOST:PORT (e.g. 127.0.0.1:9464; port 0 for any free one)")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not public and not _is_loopback(host):
+    if not public and not is_loopback_host(host):
         raise TelemetryError(f"--metrics {text}: not a loopback address; anyone who reaches it reads the decision "
                              "counts of every rule; listen on 127.0.0.1 or pass --metrics-public")
     return host, int(port)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class MetricsEndpoint:
