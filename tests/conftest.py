@@ -9,6 +9,13 @@ from pathlib import Path
 
 import pytest
 
+# grpcio's core installs pthread_atfork handlers when fork support is on (its build default). A
+# child forked by uvloop (libuv forks, it does not vfork) while a grpc thread is busy then logs
+# "epoll_ctl failed: file descriptor was created pre fork" onto that child's stderr, which the
+# tests read as the program's own output. execgate's server spawns through Popen (vfork), so only
+# the tests' uvloop subprocesses fork with grpc loaded. The core reads this at its first init.
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+
 #: The e2e fixture ``gate`` (real shells under the preload shim) lives in tests/preload_support.py.
 pytest_plugins = ("preload_support", "attack_support", "redis_support")
 
