@@ -107,11 +107,12 @@ def test_copy_under_private_dev_borrows_no_escalation(attacker: Attacker) -> Non
 
 @pytest.fixture
 def root_owned_workdir(attacker: Attacker):
-    """A working directory whose whole chain is root-owned and 0755 (``/var/lib/eg-atk-*``), and a
+    """A working directory whose whole chain is root-owned and 0755 (``/srv/eg-atk-*``: /srv is
+    root-owned and, unlike /var/lib, not a system directory a session may not work in), and a
     root-owned directory outside every session root where only an unconfined process can write."""
     assert attacker.is_root, "the root-owned working directory route is a root session's"
-    work = Path(tempfile.mkdtemp(prefix="eg-atk-", dir="/var/lib"))
-    outside = Path(tempfile.mkdtemp(prefix="eg-out-", dir="/var/lib"))
+    work = Path(tempfile.mkdtemp(prefix="eg-atk-", dir="/srv"))
+    outside = Path(tempfile.mkdtemp(prefix="eg-out-", dir="/srv"))
     work.chmod(0o755)
     outside.chmod(0o755)
     try:
