@@ -256,6 +256,14 @@ def own_package_dirs() -> tuple[str, ...]:
     return (os.path.dirname(os.path.dirname(os.path.realpath(__file__))),)
 
 
+def running_python() -> tuple[str, ...]:
+    """The Python installation this process runs (``sys.prefix``: a virtualenv, or the
+    interpreter's own prefix), as written and resolved. Its packages and ``.pth`` files run,
+    outside the sandbox, every time execgate starts: where it lies in a writable root it is
+    protected like :func:`own_package_dirs`."""
+    return tuple(dict.fromkeys((sys.prefix, os.path.realpath(sys.prefix))))
+
+
 def _protect(paths: Sequence[str], writable_roots: Sequence[str]) -> list[str]:
     """bwrap arguments that keep each existing absolute path of ``paths`` read-only where a
     writable root holds it (as written or resolved: the path is then reached through that root).
@@ -421,10 +429,10 @@ class ShellSandbox:
                 "(mv, a restarted service's new socket) would make the new one visible; keep it in a directory "
                 "of its own outside the working directory" for path in covered]
         if any(under(p, r) for p in {prefix, os.path.realpath(prefix)} for r in self.permissions.writable_roots):
-            lines.append(f"the Python installation running execgate, {prefix}, lies in a writable root: execgate's "
-                         "own package stays read-only, but code the session puts elsewhere in it (a package, a .pth "
-                         "file) runs outside the sandbox the next time it is used; install execgate outside the "
-                         "working directory")
+            lines.append(f"the Python installation running execgate, {prefix}, lies in a writable root: it is kept "
+                         "read-only in the session (code put there would run outside the sandbox the next time "
+                         "execgate runs), so pip cannot install into it there; give the project a virtualenv of "
+                         "its own, or install execgate outside the working directory")
         return lines
 
 
@@ -444,7 +452,8 @@ def choose_sandbox(
     install prefix, the wrapper, the preload shim: a virtualenv may live under /tmp).
     ``bwrap_dirs``: where bwrap is looked for (:func:`find_bwrap`). ``hidden``: files covered
     inside (see :class:`ShellSandbox`), carried in the profile's ``hidden_paths``; the profile's
-    ``protected_paths`` name execgate's own package (:func:`own_package_dirs`). A private HOME is
+    ``protected_paths`` name execgate's own package (:func:`own_package_dirs`) and the Python
+    installation running it (:func:`running_python`). A private HOME is
     added by :func:`execgate.server.home.with_home`.
 
     Raises:
@@ -467,7 +476,7 @@ def choose_sandbox(
     seen = tuple(dict.fromkeys(os.path.abspath(r) for r in readable if os.path.abspath(r) not in roots))
     covered = tuple(dict.fromkeys(os.path.abspath(h) for h in hidden))
     perms = Permissions(network=False, writable_roots=roots, readable_roots=seen, hidden_paths=covered,
-                        protected_paths=own_package_dirs())
+                        protected_paths=(*own_package_dirs(), *running_python()))
     chosen = "bwrap" if mode == "bwrap" else "bwrap (auto: bubblewrap works here)"
     note = f"sandbox: {chosen}; read-only root, writable {', '.join(roots)} and a private /tmp, no network"
     return ShellSandbox("bwrap", perms, note, bwrap=find_bwrap(bwrap_dirs), hidden=covered)

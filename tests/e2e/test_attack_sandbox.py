@@ -251,7 +251,7 @@ def test_escalation_from_a_private_tmp_directory_says_so(attacker, outside):
 
 @pytest.mark.parametrize("system_dir", [
     "/", "/tmp", "/proc", "/etc", "/var/tmp", "/etc/cron.d", "/usr/local/bin", "/usr/lib", "/var/lib",
-    "/var/spool/cron", "/boot/grub", "/var/log", "~/.ssh", "~/.gnupg",
+    "/var/cache", "/usr/share/doc", "/var/log", "~/.ssh", "~/.gnupg",
 ])
 def test_system_directory_is_never_the_working_directory(attacker, system_dir):
     made = None
@@ -328,6 +328,34 @@ def test_execgate_install_in_the_working_directory_stays_read_only(attacker, out
             assert f"{step}=" in done.stdout and f"{step}=0" not in done.stdout, out
         assert sorted(os.listdir(top)) == ["made-in-workdir", "site"], out
         assert {name: (package / name).read_bytes() for name in watched} == before, out
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_the_virtualenv_running_execgate_in_the_working_directory_stays_read_only(attacker):
+    # The virtualenv that runs execgate lies in the working directory: a .pth file (or a package)
+    # the session put there would run outside the sandbox, as the user, the next time execgate
+    # starts. The venv (made here, its site-packages pointing at the installed execgate through a
+    # .pth of our own) is kept read-only in the session; the rest of the workdir stays writable.
+    top = Path(tempfile.mkdtemp(prefix="eg-venv-", dir="/var/tmp"))
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(top / ".venv")], check=True)
+        site = next((top / ".venv" / "lib").glob("python3*/site-packages"))
+        (site / "execgate-under-test.pth").write_text(os.path.dirname(own_package_dirs()[0]) + "\n")
+        for dirpath, dirnames, filenames in os.walk(top):
+            for name in (dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)):
+                os.lchown(name, attacker.uid, attacker.gid)
+        python = str(top / ".venv" / "bin" / "python")
+        script = (f"echo 'import os; os.system(\"touch {top}/pwned\")' > {site}/evil.pth; echo pth=$?; "
+                  f"mv {top}/.venv {top}/old; echo mv=$?; touch made; echo control=$?")
+        done = attacker.run([python, "-m", "execgate.server.cli", "run", "--sandbox", "bwrap", "--cwd", str(top),
+                             "--", script], cwd=top)
+        out = done.stdout + done.stderr
+        assert "control=0" in done.stdout, out
+        assert "pth=" in done.stdout and "pth=0" not in done.stdout, out
+        assert "mv=" in done.stdout and "mv=0" not in done.stdout, out
+        assert not (site / "evil.pth").exists() and not (top / "pwned").exists(), out
+        assert "it is kept read-only in the session" in done.stderr, out
     finally:
         shutil.rmtree(top, ignore_errors=True)
 
