@@ -245,7 +245,22 @@ def bwrap_argv(
     if not permissions.network:
         argv.append("--unshare-net")
     argv += ["--chdir", cwd, "--"]
-    return argv
+    return argv + no_setid_prefix()
+
+
+def no_setid_prefix() -> list[str]:
+    """``[launcher, "--no-setid", "--"]``: the first command inside every bwrap sandbox, which
+    forbids giving a file the set-user-ID or set-group-ID bit before it execs the real command
+    (``execgate-seccomp-launch --no-setid``; seccomp_launch.c says why: root in a root session's
+    sandbox is the host's uid 0, and a set-user-ID root file it leaves in a writable root would
+    give root to any local user). Empty where the launcher is not built (not x86_64)."""
+    from execgate.wrapper.artifacts import seccomp_launcher_path
+
+    try:
+        launcher = str(seccomp_launcher_path())
+    except FileNotFoundError:
+        return []
+    return [launcher, "--no-setid", "--"]
 
 
 def own_package_dirs() -> tuple[str, ...]:
