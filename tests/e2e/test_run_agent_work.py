@@ -197,11 +197,16 @@ def test_withheld_git_ssh_variables_are_named_and_ssh_fails_fast(attacker: Attac
     run the caller's command with the rule's network); the caller is told, and the shipped rule's
     own ssh (BatchMode, 10 s to connect) ends an unreachable ``ls-remote`` with an error, never a
     silent hang."""
-    if not _shipped_rule_applies(attacker, sandbox):
-        pytest.skip("in an unsandboxed root session no basename rule applies: git runs unescalated, "
-                    "with the caller's GIT_SSH_COMMAND")
     work = attacker.workdir()
     log = work / "audit.jsonl"
+    if not _shipped_rule_applies(attacker, sandbox):
+        # In an unsandboxed root session no basename rule applies: git runs where it was asked,
+        # unescalated (with the caller's own environment, as without execgate).
+        done = attacker.execgate("run", "-q", "--sandbox", sandbox, "--audit-log", str(log), "--cwd", str(work),
+                                 "--", "git --version")
+        assert done.stdout.startswith("git version"), done.stdout + done.stderr
+        assert [d for d, _ in _decisions(log, "/usr/bin/git")] == ["run"], audit_records(log)
+        return
     script = (f'GIT_SSH_COMMAND="echo FAKE; false" git ls-remote ssh://git@{UNREACHABLE}/x.git; echo "status=$?"; '
               f'GIT_SSH=/bin/false git ls-remote git@{UNREACHABLE}:x.git; echo "status=$?"')
     started = time.monotonic()
