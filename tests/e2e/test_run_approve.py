@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import grpc
 import pytest
@@ -52,13 +53,23 @@ def _stop(proc: subprocess.Popen[str]) -> None:
             proc.wait()
 
 
-def test_prompt_approved_escalates_and_denied_gives_the_approvers_reason(short_tmp: Path):
-    rules = write_rules(short_tmp / "rules.toml", RULES)
+class Approved(NamedTuple):
+    done: subprocess.CompletedProcess[str]
+    shown: str
+    log: Path
+    outside: Path
+
+
+def _approve_through_policy_serve(short_tmp: Path, rules_text: str, answers: str, script: str) -> Approved:
+    """``policy serve`` (prompts wait up to 20 s for an approver), a piped ``execgate approve``
+    fed ``answers``, and ``execgate run --policy … --sandbox bwrap`` of ``script`` (``{outside}``
+    in it: a path in the host's /tmp, hidden by the sandbox, that only an escalation can create)."""
+    rules = write_rules(short_tmp / "rules.toml", rules_text)
     address = f"unix://{short_tmp}/policy.sock"
     log = short_tmp / "audit.jsonl"
     work = short_tmp / "work"
     work.mkdir()
-    outside = short_tmp / "outside"  # hidden by the sandbox's private /tmp: only an escalation can create it
+    outside = short_tmp / "outside"
     serve_log = (short_tmp / "serve.log").open("w")
     serve = subprocess.Popen(
         [*CLI, "policy", "serve", "--listen", address, "--rules", str(rules), "--audit-log", str(log),
@@ -74,17 +85,27 @@ def test_prompt_approved_escalates_and_denied_gives_the_approvers_reason(short_t
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         assert approver.stdin is not None
-        # Answers for the two prompts in order: approve once; deny with a reason.
-        approver.stdin.write("y\nn\nnot on a friday\n")
+        approver.stdin.write(answers)
         approver.stdin.flush()
-
-        script = f'touch {outside}; echo "first=$?"; touch {outside}-2; echo "second=$?"'
-        done = execgate("run", "--policy", address, "--sandbox", "bwrap", "--cwd", str(work), "-q", "--", script)
-        shown, _ = approver.communicate(timeout=30)
+        done = execgate("run", "--policy", address, "--sandbox", "bwrap", "--cwd", str(work), "-q", "--",
+                        script.format(outside=outside))
+        try:
+            shown, _ = approver.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # answers left unread (nothing asked again): it waits for a request
+            approver.kill()
+            shown, _ = approver.communicate()
     finally:
         for proc in (approver, serve):
             if proc is not None:
                 _stop(proc)
+    return Approved(done, shown, log, outside)
+
+
+def test_prompt_approved_escalates_and_denied_gives_the_approvers_reason(short_tmp: Path):
+    # Answers for the two prompts in order: approve once; deny with a reason.
+    done, shown, log, outside = _approve_through_policy_serve(
+        short_tmp, RULES, "y\nn\nnot on a friday\n",
+        'touch {outside}; echo "first=$?"; touch {outside}-2; echo "second=$?"')
 
     assert done.stdout == "first=0\nsecond=1\n", done.stderr
     assert done.stderr == "Execution denied: not on a friday\n"
@@ -162,43 +183,10 @@ def test_session_grant_does_not_survive_a_rewrite_in_place(short_tmp: Path):
     in place (``>`` keeps device and inode) to touch a file outside the sandbox, and run again.
     The approver was told no session grant is possible (the caller can change the file); the
     second run is asked again, denied, and the new content never runs."""
-    rules = write_rules(short_tmp / "rules.toml", JOB_RULES)
-    address = f"unix://{short_tmp}/policy.sock"
-    log = short_tmp / "audit.jsonl"
-    work = short_tmp / "work"
-    work.mkdir()
-    outside = short_tmp / "outside"  # hidden by the sandbox's private /tmp: only an escalation can create it
-    serve_log = (short_tmp / "serve.log").open("w")
-    serve = subprocess.Popen(
-        [*CLI, "policy", "serve", "--listen", address, "--rules", str(rules), "--audit-log", str(log),
-         "--approver-wait", "20", "--approval-timeout", "30"],
-        stdout=subprocess.DEVNULL, stderr=serve_log, text=True,
-    )
-    serve_log.close()
-    approver = None
-    try:
-        _wait_healthy(address, serve)
-        approver = subprocess.Popen(
-            [*CLI, "approve", "--policy", address, "--name", "e2e-person"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        assert approver.stdin is not None
-        # For the session; then (asked again) deny with a reason.
-        approver.stdin.write("s\nn\nrewritten\n")
-        approver.stdin.flush()
-
-        script = ("printf '#!/bin/sh\\necho first-job\\n' > job.sh; chmod +x job.sh; ./job.sh; echo \"first=$?\"; "
-                  f"printf '#!/bin/sh\\ntouch {outside}\\necho second-job\\n' > job.sh; ./job.sh; echo \"second=$?\"")
-        done = execgate("run", "--policy", address, "--sandbox", "bwrap", "--cwd", str(work), "-q", "--", script)
-        try:
-            shown, _ = approver.communicate(timeout=30)
-        except subprocess.TimeoutExpired:  # answers left unread (nothing asked again): it waits for a request
-            approver.kill()
-            shown, _ = approver.communicate()
-    finally:
-        for proc in (approver, serve):
-            if proc is not None:
-                _stop(proc)
+    # For the session; then (asked again) deny with a reason.
+    script = ("printf '#!/bin/sh\\necho first-job\\n' > job.sh; chmod +x job.sh; ./job.sh; echo \"first=$?\"; "
+              "printf '#!/bin/sh\\ntouch {outside}\\necho second-job\\n' > job.sh; ./job.sh; echo \"second=$?\"")
+    done, shown, log, outside = _approve_through_policy_serve(short_tmp, JOB_RULES, "s\nn\nrewritten\n", script)
 
     assert not outside.exists(), (done.stdout, shown)
     assert done.stdout == "first-job\nfirst=0\nsecond=1\n", (done.stdout, done.stderr)
