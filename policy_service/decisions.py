@@ -23,7 +23,7 @@ from execgate.policy_service.audit import AuditLog, AuditRecord
 from execgate.policy_service.envclean import clean_env, withheld_note
 from execgate.policy_service.state import ApprovalState, InProcessState, SharedState, StateUnavailable
 from execgate.server.policy import Decision, ExecFacts, Execution, Permissions, PreparedExec, SessionContext
-from execgate.server.sandbox import bwrap_argv, find_bwrap, visible_inside
+from execgate.server.sandbox import bwrap_argv, find_bwrap, in_session_tmp, under, visible_inside
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,8 @@ class DecisionService:
         common = {"rule_id": rule_id, "decision_id": decision_id}
         # An escalation from a directory that exists only in the session's sandbox cannot start
         # where escalated commands run: deny it up front, before any approver is asked.
-        stranded = _stranded_workdir(session, workdir) if evaluation.decision in ("escalate", "prompt") else None
+        stranded = (_stranded_workdir(session, workdir, execution) if evaluation.decision in ("escalate", "prompt")
+                    else None)
         if stranded is not None:
             return Decided(Decision.deny(stranded, **common), "")
         if evaluation.decision == "run":
@@ -293,11 +294,12 @@ class DecisionService:
 
         Raises:
             EscalationRefused: the working directory exists only inside the session's sandbox (its
-                private ``/tmp``, ``/run``, ``/dev`` or ``/proc``), or a profile needs bwrap and
-                none was found.
+                private ``/run``, ``/dev`` or ``/proc``, or its private ``/tmp`` for an unsandboxed
+                escalation or a session whose ``/tmp`` is a bare tmpfs), a granted root lies in the
+                session's own ``/tmp`` directory, or a profile needs bwrap and none was found.
             SandboxError: the bwrap command line cannot be built (see ``bwrap_argv``).
         """
-        _check_workdir(session, workdir)
+        _check_workdir(session, workdir, execution)
         evaluation = self.rules.current.evaluate(program, argv, facts)
         cleaned = clean_env(env, evaluation.allow_env, rule_set_env(evaluation))
         profile = _profile(execution, session, workdir)
@@ -307,7 +309,10 @@ class DecisionService:
             raise EscalationRefused("this escalation runs in a sandbox, but the policy service found no bwrap "
                                     "in its trusted system directories")
         command = bwrap_argv(profile, cwd=workdir, bwrap=self.bwrap) + [program, *argv[1:]]
-        return PreparedExec(command=tuple(command), cwd=workdir, env=cleaned, arg0=None)
+        # A directory in the session's own /tmp exists at that path only inside the sandbox (bwrap's
+        # --chdir goes there): bwrap itself starts in "/" on the host.
+        cwd = "/" if in_session_tmp(workdir, profile) else workdir
+        return PreparedExec(command=tuple(command), cwd=cwd, env=cleaned, arg0=None)
 
 
 def rule_set_env(evaluation: object) -> dict[str, str]:
@@ -339,25 +344,36 @@ def untrusted_note(program: str, evaluation: object, session: SessionContext) ->
             f"or use a trusted {rule.program}")
 
 
-def _stranded_workdir(session: SessionContext, workdir: str) -> str | None:
-    """Why an escalation cannot start in ``workdir``, or None if it can.
+def _stranded_workdir(session: SessionContext, workdir: str, execution: Execution | None = None) -> str | None:
+    """Why an escalation run as ``execution`` cannot start in ``workdir``, or None if it can.
 
     Outside the session's roots, ``/tmp``, ``/run``, ``/dev`` and ``/proc`` inside a sandboxed
-    shell are the sandbox's own, so the same path outside (where every escalated command starts,
-    sandboxed or not) is another directory or none at all.
+    shell are the sandbox's own, so the same path outside (where an unsandboxed escalation runs)
+    is another directory or none at all. One exception: a directory in the session's own ``/tmp``
+    (``sandbox.tmp_dir``, bound at ``/tmp`` in the session's sandbox and in every sandboxed
+    escalation of it) is the same for a sandboxed escalation (``permissions`` or
+    ``session_default``); an unsandboxed one would run on the host, where ``/tmp`` is the host's,
+    and is still refused. ``execution`` None: as an unsandboxed one.
     """
     sandbox = session.sandbox
     if sandbox is None or visible_inside(workdir, sandbox):
         return None
+    sandboxed = execution is not None and execution.kind in ("permissions", "session_default")
+    if sandboxed and in_session_tmp(workdir, sandbox):
+        return None
     instead = sandbox.writable_roots[0] if sandbox.writable_roots else "the session's working directory"
+    if in_session_tmp(workdir, sandbox):
+        return (f"the working directory {workdir} lies in this session's private /tmp, and this command is "
+                "escalated unsandboxed: it would run on the host, where /tmp is the host's own, not the "
+                f"session's; cd to {instead} (or another of the session's writable roots) and run it from there")
     return (f"the working directory {workdir} exists only inside this session's sandbox (its private /tmp, "
             f"/run, /dev or /proc), not where escalated commands start; cd to {instead} (or another of the "
             "session's writable roots) and run it from there")
 
 
-def _check_workdir(session: SessionContext, workdir: str) -> None:
+def _check_workdir(session: SessionContext, workdir: str, execution: Execution | None = None) -> None:
     """Raises EscalationRefused with :func:`_stranded_workdir`'s message, if any."""
-    if (why := _stranded_workdir(session, workdir)) is not None:
+    if (why := _stranded_workdir(session, workdir, execution)) is not None:
         raise EscalationRefused(why)
 
 
@@ -385,12 +401,24 @@ def _profile(execution: Execution, session: SessionContext, workdir: str) -> Per
     protected paths (execgate's own package) are joined to the granted profile's. They come from
     the session's profile, which the escalation server (not the session) sends with every request.
     ``session_default`` is the session's profile itself, those included.
+
+    The session's own ``/tmp`` directory (``tmp_dir``) is the session profile's, never the granted
+    one's: a sandboxed escalation sees ``/tmp`` as the session does. A granted root under ``/tmp``
+    is then refused (:class:`EscalationRefused`): it would be mounted in that directory, which the
+    session writes (a symlink put there could redirect the mount).
     """
     box = session.sandbox
     if box is None:
         return None
     if execution.kind == "permissions":
         granted = execution.permissions or Permissions()
+        if box.tmp_dir:
+            extra = [r for r in (*granted.writable_roots, *granted.readable_roots, *granted.masked_dirs)
+                     if under(r, "/tmp") and r not in (*box.writable_roots, *box.readable_roots, *box.masked_dirs)]
+            if extra:
+                raise EscalationRefused(f"the rule grants {extra[0]}, which lies in /tmp: in this session /tmp is "
+                                        "the session's own directory, where a granted root cannot be mounted "
+                                        "safely; grant a directory outside /tmp")
         writable = tuple(dict.fromkeys((*granted.writable_roots, *box.writable_roots)))
         readable = tuple(dict.fromkeys(r for r in (*granted.readable_roots, *box.readable_roots) if r not in writable))
         # What the session cannot see (a real HOME behind a private one), its escalations cannot either.
@@ -398,7 +426,7 @@ def _profile(execution: Execution, session: SessionContext, workdir: str) -> Per
         hidden = tuple(dict.fromkeys((*granted.hidden_paths, *box.hidden_paths)))
         protected = tuple(dict.fromkeys((*granted.protected_paths, *box.protected_paths)))
         return Permissions(network=granted.network, writable_roots=writable, readable_roots=readable,
-                           masked_dirs=masked, hidden_paths=hidden, protected_paths=protected)
+                           masked_dirs=masked, hidden_paths=hidden, protected_paths=protected, tmp_dir=box.tmp_dir)
     if execution.kind == "session_default":
         return box
     return None

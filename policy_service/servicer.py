@@ -63,7 +63,9 @@ def check_bounds(session: pb.SessionContext, target: pb.ExecTarget, env: Mapping
     scale = p.GRPC_TEXT_EXPANSION
     box = session.sandbox
     violation = p.session_bounds_violation(
-        session.session_id, session.labels, (*box.writable_roots, *box.readable_roots, *box.masked_dirs), scale=scale
+        session.session_id, session.labels,
+        (*box.writable_roots, *box.readable_roots, *box.masked_dirs, *((box.tmp_dir,) if box.tmp_dir else ())),
+        scale=scale
     ) or p.exec_bounds_violation(
         {"target.program": target.program, "target.workdir": target.workdir,
          "target.identity.real_path": target.identity.real_path, "target.identity.source": target.identity.source,

@@ -23,6 +23,12 @@ plain view (``~/.ssh``, ``~/.npmrc`` tokens, cloud credentials). The choices:
 
 Without a sandbox nothing can be masked or kept read-only: ``private`` and ``DIR`` then only set
 the variables (the shell can still read and write the real HOME); the default there is ``real``.
+
+The session's private ``/tmp`` (:func:`with_private_tmp`) is made the same way: a fresh 0700
+directory directly under the host's ``/tmp``, bound read-write **at** ``/tmp`` in the session's
+sandbox and in every sandboxed escalation of it (``Permissions.tmp_dir``, carried in the profile
+the escalation server sends with every request), so that ``cd "$(mktemp -d)" && git clone …``
+works; removed when ``execgate run`` ends.
 """
 
 from __future__ import annotations
@@ -214,6 +220,41 @@ def _make_writable(top: str) -> None:
         os.chmod(top, 0o700)
     except OSError:
         pass
+
+
+@dataclass
+class SessionTmp:
+    """The host directory behind a session's private ``/tmp`` (None: none, the sandbox's /tmp is
+    a tmpfs or there is no sandbox)."""
+
+    path: str | None = None
+
+    def cleanup(self) -> None:
+        """Delete the directory and everything the session left in it. Idempotent."""
+        if self.path is not None and os.path.isdir(self.path):
+            _make_writable(self.path)
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def with_private_tmp(sandbox: ShellSandbox) -> tuple[ShellSandbox, SessionTmp]:
+    """``sandbox`` with a fresh host directory as its private ``/tmp`` (``Permissions.tmp_dir``),
+    and that directory (to remove at exit). Unchanged, with no directory, without bwrap.
+
+    The directory is made by this process (so owned by the session's user), mode 0700, directly
+    under the host's ``/tmp`` (:data:`PRIVATE_PARENT`), which every bwrap sandbox hides: only it is
+    bound, at ``/tmp``.
+
+    Raises:
+        HomeError: the directory cannot be made.
+    """
+    if sandbox.mode != "bwrap" or sandbox.permissions is None:
+        return sandbox, SessionTmp()
+    try:
+        path = os.path.realpath(tempfile.mkdtemp(prefix="execgate-tmp-", dir=PRIVATE_PARENT))
+    except OSError as exc:
+        raise HomeError(f"cannot make the session's private /tmp under {PRIVATE_PARENT}: {exc.strerror or exc}") from exc
+    note = sandbox.note.replace("a private /tmp", f"a private /tmp ({path} on the host, removed at exit)", 1)
+    return replace(sandbox, permissions=replace(sandbox.permissions, tmp_dir=path), note=note), SessionTmp(path)
 
 
 def with_home(sandbox: ShellSandbox, home: SessionHome) -> ShellSandbox:

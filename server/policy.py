@@ -32,6 +32,13 @@ class Permissions:
     so that a writable root above them cannot change them. Both only take away; the escalation
     server fills them in the session's profile, and a sandboxed escalation inherits them
     (docs/DESIGN.md §7).
+
+    ``tmp_dir`` is a host directory bound read-write at ``/tmp`` instead of an empty tmpfs: the
+    session's private ``/tmp`` (made by ``execgate run``, :mod:`execgate.server.home`). It comes
+    from the session's profile only (the escalation server's own state): every sandboxed
+    escalation of that session binds the same directory there, so that ``cd "$(mktemp -d)"``
+    followed by an escalated ``git clone`` works; a granted profile's ``tmp_dir`` is ignored.
+    None: a fresh tmpfs, as for the Python API by default.
     """
 
     network: bool = False
@@ -40,6 +47,7 @@ class Permissions:
     masked_dirs: tuple[str, ...] = ()
     hidden_paths: tuple[str, ...] = ()
     protected_paths: tuple[str, ...] = ()
+    tmp_dir: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ def permissions_to_pb(perms: Permissions) -> pb.Permissions:
         masked_dirs=list(perms.masked_dirs),
         hidden_paths=list(perms.hidden_paths),
         protected_paths=list(perms.protected_paths),
+        tmp_dir=perms.tmp_dir or "",
     )
 
 
@@ -38,14 +39,20 @@ def permissions_from_pb(msg: pb.Permissions) -> Permissions:
 
     Raises:
         CodecError: a root (or hidden or protected path) is not an absolute path, or there are more
-            hidden and protected paths than ``MAX_SANDBOX_ROOTS`` or one is longer than a path may be.
+            hidden and protected paths than ``MAX_SANDBOX_ROOTS`` or one is longer than a path may be;
+            or ``tmp_dir`` is set but not an absolute, normalised path other than ``/`` and
+            ``/tmp``, or longer than a path may be.
     """
     for root in (*msg.writable_roots, *msg.readable_roots, *msg.masked_dirs, *msg.hidden_paths, *msg.protected_paths):
         if not os.path.isabs(root):
             raise CodecError(f"sandbox root {root!r} is not an absolute path")
+    if msg.tmp_dir and (not os.path.isabs(msg.tmp_dir) or os.path.normpath(msg.tmp_dir) != msg.tmp_dir
+                        or msg.tmp_dir in ("/", "/tmp")):
+        raise CodecError(f"sandbox tmp_dir {msg.tmp_dir[:256]!r} is not an absolute, normalised directory "
+                         "other than / and /tmp")
     from execgate.server import protocol
 
-    extra = (*msg.hidden_paths, *msg.protected_paths)
+    extra = (*msg.hidden_paths, *msg.protected_paths, *((msg.tmp_dir,) if msg.tmp_dir else ()))
     if len(extra) > protocol.MAX_SANDBOX_ROOTS:
         raise CodecError(f"sandbox has {len(extra)} hidden and protected paths, more than the bound of "
                          f"{protocol.MAX_SANDBOX_ROOTS}")
@@ -59,6 +66,7 @@ def permissions_from_pb(msg: pb.Permissions) -> Permissions:
         masked_dirs=tuple(msg.masked_dirs),
         hidden_paths=tuple(msg.hidden_paths),
         protected_paths=tuple(msg.protected_paths),
+        tmp_dir=msg.tmp_dir or None,
     )
 
 

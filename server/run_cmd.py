@@ -221,11 +221,20 @@ class _Plan:
     tls: object  # grpc.ChannelCredentials or None
     metrics_listen: tuple[str, int] | None = None
     tracing: object = None  # execgate.server.telemetry.Tracing or None
+    tmp: object = None  # execgate.server.home.SessionTmp: the private /tmp's host directory
+
+    def cleanup(self) -> None:
+        """Remove the private HOME and the private /tmp's directory (each if made here)."""
+        try:
+            self.home.cleanup()  # type: ignore[attr-defined]
+        finally:
+            if self.tmp is not None:
+                self.tmp.cleanup()  # type: ignore[attr-defined]
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
     """Resolve the options. Raises RunSetupError with a one-line reason."""
-    from execgate.server.home import HomeError, prepare_home, with_home
+    from execgate.server.home import HomeError, SessionTmp, prepare_home, with_home, with_private_tmp
     from execgate.server.sandbox import SandboxError, choose_sandbox, unsafe_workdir
 
     if args.max_capture is not None and not args.json:
@@ -264,19 +273,24 @@ def _plan(args: argparse.Namespace) -> _Plan:
         raise RunSetupError(str(exc)) from exc
     from execgate.server import telemetry
 
+    tmp = SessionTmp()
     try:
         # A working directory at or above the real HOME would show it, writable, over its mask.
         sandbox = with_home(sandbox, home)
         metrics_listen, tracing = telemetry.options(args, service_name="execgate-run")
         containment = choose_containment(args.containment)
+        # Last: the session's /tmp, a host directory that its sandboxed escalations bind at /tmp too.
+        sandbox, tmp = with_private_tmp(sandbox)
     except (HomeError, telemetry.TelemetryError) as exc:
         home.cleanup()
+        tmp.cleanup()
         raise RunSetupError(str(exc)) from exc
     except BaseException:
         home.cleanup()
+        tmp.cleanup()
         raise
     return _Plan(shell, wrapper, sandbox, extra_env, seccomp, home, containment,
-                 workdir, labels, token, tls, metrics_listen, tracing)
+                 workdir, labels, token, tls, metrics_listen, tracing, tmp)
 
 
 def choose_containment(mode: str) -> object:
@@ -296,12 +310,12 @@ def choose_containment(mode: str) -> object:
 
 async def run(args: argparse.Namespace) -> int:
     """Run ``args.script`` as ``execgate run`` does; returns the exit status to use. A private
-    HOME (``--home``) is removed afterwards, whatever happened."""
+    HOME (``--home``) and the private /tmp's directory are removed afterwards, whatever happened."""
     plan = _plan(args)
     try:
         return await _run_planned(args, plan)
     finally:
-        plan.home.cleanup()  # type: ignore[attr-defined]
+        plan.cleanup()
 
 
 async def _run_planned(args: argparse.Namespace, plan: _Plan) -> int:

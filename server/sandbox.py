@@ -4,8 +4,9 @@ One place builds every ``bwrap`` argv in execgate: the shell's own sandbox (``ex
 bwrap``) and the sandboxed forms of escalated commands that the policy service prepares for a
 ``permissions`` or ``session_default`` execution.
 
-The sandbox is: the whole filesystem read-only, a private ``/tmp`` and ``/run`` (the host's
-service sockets live there), the writable roots bound read-write and nothing else (the start
+The sandbox is: the whole filesystem read-only, a private ``/tmp`` (an empty tmpfs, or the
+session's own host directory ``Permissions.tmp_dir`` bound there: :func:`bwrap_argv`) and ``/run``
+(the host's service sockets live there), the writable roots bound read-write and nothing else (the start
 directory is never bound by itself: it is visible only if a root covers it or it lies outside
 ``/tmp``, ``/run``, ``/proc`` and ``/dev``), no network unless granted (a
 fresh network namespace that has only loopback), and, for root as for anyone:
@@ -167,6 +168,27 @@ def visible_inside(path: str, permissions: Permissions) -> bool:
     return any(under(path, r) for r in roots) or not any(under(path, m) for m in _REPLACED)
 
 
+def in_session_tmp(path: str, permissions: Permissions) -> bool:
+    """True if ``path`` lies in the session's own ``/tmp`` directory (``permissions.tmp_dir``
+    bound at ``/tmp``) and no root covers it: it names the same files in the session's sandbox
+    and in every sandbox built from ``permissions`` (a sandboxed escalation), but another
+    directory, or none, on the host."""
+    return bool(permissions.tmp_dir) and under(path, "/tmp") and not visible_inside(path, permissions)
+
+
+def check_tmp_dir(tmp_dir: str) -> None:
+    """Raise :class:`SandboxError` unless ``tmp_dir`` may be bound read-write at ``/tmp``: an
+    absolute, normalised path with no symlink in it, naming an existing directory that is no
+    system directory or credentials directory (:func:`unsafe_workdir`; ``/``, ``/tmp``,
+    ``/var/tmp`` and the system trees included)."""
+    if not os.path.isabs(tmp_dir) or os.path.normpath(tmp_dir) != tmp_dir or os.path.realpath(tmp_dir) != tmp_dir:
+        raise SandboxError(f"the session's /tmp directory {tmp_dir!r} must be an absolute path without symlinks")
+    if not os.path.isdir(tmp_dir):
+        raise SandboxError(f"the session's /tmp directory {tmp_dir} does not exist")
+    if (why := unsafe_workdir(tmp_dir)) is not None:
+        raise SandboxError(f"the session's /tmp directory: {why}")
+
+
 def bwrap_argv(
     permissions: Permissions,
     *,
@@ -188,7 +210,11 @@ def bwrap_argv(
             tmpfs (bwrap(1) "--tmpfs", "--bind").
         cwd: absolute directory the command starts in (``--chdir``); it is not bound: it must be
             visible inside (:func:`visible_inside`).
-        private_tmp: mount a fresh tmpfs on ``/tmp`` (before the binds, so binds under /tmp show).
+        private_tmp: give the sandbox a private ``/tmp`` (before the binds, so binds under /tmp
+            show): ``permissions.tmp_dir`` bound read-write there when it is set (the session's
+            own host directory, the same one in the session's sandbox and in every sandboxed
+            escalation of it, checked by :func:`check_tmp_dir`; hidden files must not lie in it),
+            else a fresh tmpfs. Nothing else of the host's ``/tmp`` shows but the roots under it.
         extra_binds: absolute paths bound **read-only** last (the session's socket directory);
             none may lie in or contain a writable root, where its parent could be renamed away.
         bwrap: absolute path of bwrap; default :func:`find_bwrap`.
@@ -209,12 +235,21 @@ def bwrap_argv(
 
     Raises:
         SandboxError: no trusted bwrap, a relative ``bwrap`` or ``cwd``, ``cwd`` not visible
-            inside, or an extra bind overlapping a writable root.
+            inside (a directory in the private ``/tmp`` is, when ``tmp_dir`` is bound there), an
+            extra bind overlapping a writable root, or a ``tmp_dir`` that :func:`check_tmp_dir`
+            refuses or that holds a hidden path.
     """
     bwrap = bwrap if bwrap is not None else find_bwrap()
     if bwrap is None or not os.path.isabs(bwrap):
         raise SandboxError(f"bwrap must be an absolute path found in {', '.join(TRUSTED_BIN_DIRS)}, got {bwrap!r}")
-    if not os.path.isabs(cwd) or not visible_inside(cwd, permissions):
+    tmp_dir = permissions.tmp_dir if private_tmp else None
+    if tmp_dir:
+        check_tmp_dir(tmp_dir)
+        for given in (*permissions.hidden_paths, *hidden):
+            if any(under(p, tmp_dir) for p in (os.path.normpath(given), os.path.realpath(given))):
+                raise SandboxError(f"{given} must stay hidden but lies in the session's /tmp directory {tmp_dir}")
+    if not os.path.isabs(cwd) or not (visible_inside(cwd, permissions)
+                                      or (private_tmp and in_session_tmp(cwd, permissions))):
         raise SandboxError(f"start directory {cwd} is not visible inside the sandbox")
     for bind in extra_binds:
         if any(under(bind, r) or under(r, bind) for r in permissions.writable_roots):
@@ -225,7 +260,9 @@ def bwrap_argv(
     for path in _PROC_READ_ONLY:
         argv += ["--ro-bind-try", path, path]
     argv += _private_run()
-    if private_tmp:
+    if tmp_dir:
+        argv += ["--bind", tmp_dir, "/tmp"]
+    elif private_tmp:
         argv += ["--tmpfs", "/tmp"]
     for path in permissions.masked_dirs:
         if os.path.isabs(path) and os.path.isdir(path):
@@ -328,7 +365,9 @@ def hiding(
         directory (``/``, ``/etc``, ``/var``, ``/home``, …, anything under ``/proc``, ``/sys``,
         ``/dev``, ``/run``), lies in no writable root (the session could rename it, and the file
         lives where the session writes anyway) and holds no root, extra bind or ``cwd`` (they
-        would vanish). A file in a masked directory, or under a ``private_tmp``'s ``/tmp``, that
+        would vanish). With ``permissions.tmp_dir`` (the session's own ``/tmp`` directory), a
+        file under ``/tmp`` that no root shows is skipped first: nothing is mounted in a directory
+        the session writes. A file in a masked directory, or under a ``private_tmp``'s ``/tmp``, that
         no root shows needs nothing: the sandbox's own empty tmpfs is there. Else the
         file itself is covered, if it exists (bwrap would make a missing one as a mount point)
         and is no directory: then a file put in its place on the host during the session
@@ -348,6 +387,11 @@ def hiding(
             continue
         for path in dict.fromkeys((os.path.normpath(given), os.path.realpath(given))):
             directory = os.path.dirname(path)
+            if private_tmp and permissions.tmp_dir and under(path, "/tmp") and not any(under(path, k) for k in shown):
+                # /tmp is the session's own directory, which the session writes: a mount point made
+                # there (bwrap creates it) could be a symlink the session put in its place. The host's
+                # /tmp is out of sight already.
+                continue
             if (os.path.isdir(directory) and directory not in _SYSTEM_DIRS
                     and not any(under(directory, m) for m in _PSEUDO_FS)
                     and not any(under(directory, w) for w in writable)

@@ -345,7 +345,8 @@ def _check_bounds(context: SessionContext) -> None:
     """Raises ValueError if the session id, labels or sandbox roots exceed their bounds
     (:mod:`execgate.server.protocol`); the policy service would refuse every request otherwise."""
     box = context.sandbox
-    roots = () if box is None else (*box.writable_roots, *box.readable_roots, *box.masked_dirs)
+    roots = () if box is None else (*box.writable_roots, *box.readable_roots, *box.masked_dirs,
+                                    *((box.tmp_dir,) if box.tmp_dir else ()))
     violation = p.session_bounds_violation(context.session_id, context.labels, roots)
     if violation is not None:
         raise ValueError(violation)

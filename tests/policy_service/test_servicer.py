@@ -224,6 +224,26 @@ async def test_granted_profile_writes_the_working_dir_only_where_the_session_cou
     assert binds == ["/srv/ws"]  # `cd /etc; git clone …` cannot make /etc writable
 
 
+async def test_an_escalation_from_the_sessions_tmp_binds_the_sessions_directory_there(service, tmp_path) -> None:
+    """Issue #12 item 8: the session's /tmp is a host directory of its own, carried in its profile;
+    a sandboxed escalation from a directory in it binds that directory at /tmp and starts there
+    (bwrap itself in / on the host), an unsandboxed one is refused."""
+    session_tmp = Path(os.path.realpath(tmp_path)) / "session-tmp"
+    session_tmp.mkdir()
+    sandboxed = pb.SessionContext(session_id="s-5", sandbox=pb.Permissions(writable_roots=["/srv/ws"],
+                                                                          tmp_dir=str(session_tmp)))
+    async with service() as server:
+        address = server.addresses[0]
+        prepared = await prepare(address, target("/usr/bin/env", workdir="/tmp/tmp.abc"),
+                                 pb.Execution(permissions=pb.Permissions(network=True)), sandboxed)
+        with pytest.raises(grpc.aio.AioRpcError, match="escalated unsandboxed"):
+            await prepare(address, target("/usr/bin/env", workdir="/tmp/tmp.abc"),
+                          pb.Execution(unsandboxed=pb.Unsandboxed()), sandboxed)
+    cmd = list(prepared.command)
+    assert cmd[cmd.index(str(session_tmp)) - 1] == "--bind" and cmd[cmd.index(str(session_tmp)) + 1] == "/tmp"
+    assert cmd[cmd.index("--chdir") + 1] == "/tmp/tmp.abc" and prepared.cwd == "/"
+
+
 async def test_a_session_without_a_sandbox_gets_no_less_than_its_shell(service) -> None:
     """Issue #12 item 8: with no sandbox, a permissions profile is the plain program, as the
     shell would run it (a private /tmp hid ../a from git pull, a read-only HOME broke npm)."""

@@ -307,3 +307,73 @@ def test_hidden_and_protected_paths_cross_the_wire_and_reach_escalations():
     assert granted.network and granted.hidden_paths == box.hidden_paths
     assert granted.protected_paths == box.protected_paths
     assert _profile(Execution("session_default"), session, "/w") == box
+
+
+# ------------------------------------------------------------------ the session's own /tmp directory
+
+
+def test_a_tmp_dir_is_bound_at_tmp_and_the_hosts_tmp_stays_hidden(short_tmp):
+    tmp = Path(tempfile.mkdtemp(prefix="eg-sess-tmp-", dir="/tmp"))
+    marker = Path(tempfile.mkstemp(prefix="eg-host-", dir="/tmp")[1])
+    try:
+        (tmp / "made-before").write_text("from-the-session\n")
+        perms = Permissions(writable_roots=(str(short_tmp),), tmp_dir=str(tmp))
+        script = f"cat /tmp/made-before; echo new > /tmp/made-inside; ls {marker} 2>/dev/null; echo marker=$?"
+        done = _run(bwrap_argv(perms, cwd=str(short_tmp)) + ["/bin/sh", "-c", script])
+        assert done.stdout.split() == ["from-the-session", "marker=2"], done.stdout + done.stderr
+        assert (tmp / "made-inside").read_text() == "new\n"
+        argv = bwrap_argv(perms, cwd="/tmp/sub")  # a start directory in it is visible inside
+        assert argv[argv.index(str(tmp)) - 1] == "--bind" and argv[argv.index(str(tmp)) + 1] == "/tmp"
+        assert "--tmpfs" not in [a for i, a in enumerate(argv) if i + 1 < len(argv) and argv[i + 1] == "/tmp"]
+        with pytest.raises(SandboxError, match="not visible"):  # without the directory it is not
+            bwrap_argv(Permissions(writable_roots=(str(short_tmp),)), cwd="/tmp/sub")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        marker.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("bad", ["/", "/tmp", "/etc", "/usr/lib", "relative", "/tmp/../etc", "/tmp/eg-missing-dir"])
+def test_a_tmp_dir_that_is_unsafe_is_refused(short_tmp, bad):
+    with pytest.raises(SandboxError):
+        bwrap_argv(Permissions(writable_roots=(str(short_tmp),), tmp_dir=bad), cwd=str(short_tmp))
+
+
+def test_a_tmp_dir_through_a_symlink_or_holding_a_hidden_file_is_refused(short_tmp):
+    tmp = Path(tempfile.mkdtemp(prefix="eg-sess-tmp-", dir="/tmp"))
+    link = Path(f"{tmp}-link")
+    try:
+        link.symlink_to(tmp)
+        with pytest.raises(SandboxError, match="symlinks"):
+            bwrap_argv(Permissions(tmp_dir=str(link)), cwd=str(short_tmp))
+        (tmp / "token").write_text("t")
+        with pytest.raises(SandboxError, match="must stay hidden"):
+            bwrap_argv(Permissions(tmp_dir=str(tmp), hidden_paths=(str(tmp / "token"),)), cwd=str(short_tmp))
+    finally:
+        link.unlink(missing_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_the_tmp_dir_crosses_the_wire_and_only_the_sessions_reaches_escalations():
+    from execgate.policy_service.decisions import EscalationRefused, _profile, _stranded_workdir
+    from execgate.server.policy import Execution, SessionContext
+    from execgate.server.policy_codec import CodecError, permissions_from_pb, permissions_to_pb
+
+    box = Permissions(writable_roots=("/w", "/tmp/execgate-home-x"), tmp_dir="/tmp/execgate-tmp-x")
+    assert permissions_from_pb(permissions_to_pb(box)) == box
+    assert permissions_from_pb(permissions_to_pb(Permissions())).tmp_dir is None
+    for bad in ("tmp", "/tmp", "/", "/tmp/../etc", "/tmp/x/"):
+        with pytest.raises(CodecError, match="tmp_dir"):
+            permissions_from_pb(permissions_to_pb(Permissions(tmp_dir=bad)))
+    session = SessionContext("s", sandbox=box)
+    granted = _profile(Execution("permissions", Permissions(network=True, tmp_dir="/var/tmp/other")), session, "/w")
+    assert granted.tmp_dir == box.tmp_dir and granted.network
+    assert _profile(Execution("session_default"), session, "/w") == box
+    with pytest.raises(EscalationRefused, match="lies in /tmp"):  # it would be mounted where the session writes
+        _profile(Execution("permissions", Permissions(writable_roots=("/tmp/shared",))), session, "/w")
+    # A directory in the session's /tmp: the same for a sandboxed escalation, not for an unsandboxed one.
+    assert _stranded_workdir(session, "/tmp/tmp.abc", Execution("permissions", Permissions())) is None
+    assert _stranded_workdir(session, "/tmp/tmp.abc", Execution("session_default")) is None
+    assert "escalated unsandboxed" in _stranded_workdir(session, "/tmp/tmp.abc", Execution("unsandboxed"))
+    assert "exists only inside" in _stranded_workdir(session, "/proc/1", Execution("session_default"))
+    bare = SessionContext("s", sandbox=Permissions(writable_roots=("/w",)))  # a tmpfs /tmp: as before
+    assert "exists only inside" in _stranded_workdir(bare, "/tmp/tmp.abc", Execution("session_default"))

@@ -8,20 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Permissions(_message.Message):
-    __slots__ = ("network", "writable_roots", "readable_roots", "masked_dirs", "hidden_paths", "protected_paths")
+    __slots__ = ("network", "writable_roots", "readable_roots", "masked_dirs", "hidden_paths", "protected_paths", "tmp_dir")
     NETWORK_FIELD_NUMBER: _ClassVar[int]
     WRITABLE_ROOTS_FIELD_NUMBER: _ClassVar[int]
     READABLE_ROOTS_FIELD_NUMBER: _ClassVar[int]
     MASKED_DIRS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_PATHS_FIELD_NUMBER: _ClassVar[int]
     PROTECTED_PATHS_FIELD_NUMBER: _ClassVar[int]
+    TMP_DIR_FIELD_NUMBER: _ClassVar[int]
     network: bool
     writable_roots: _containers.RepeatedScalarFieldContainer[str]
     readable_roots: _containers.RepeatedScalarFieldContainer[str]
     masked_dirs: _containers.RepeatedScalarFieldContainer[str]
     hidden_paths: _containers.RepeatedScalarFieldContainer[str]
     protected_paths: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, network: _Optional[bool] = ..., writable_roots: _Optional[_Iterable[str]] = ..., readable_roots: _Optional[_Iterable[str]] = ..., masked_dirs: _Optional[_Iterable[str]] = ..., hidden_paths: _Optional[_Iterable[str]] = ..., protected_paths: _Optional[_Iterable[str]] = ...) -> None: ...
+    tmp_dir: str
+    def __init__(self, network: _Optional[bool] = ..., writable_roots: _Optional[_Iterable[str]] = ..., readable_roots: _Optional[_Iterable[str]] = ..., masked_dirs: _Optional[_Iterable[str]] = ..., hidden_paths: _Optional[_Iterable[str]] = ..., protected_paths: _Optional[_Iterable[str]] = ..., tmp_dir: _Optional[str] = ...) -> None: ...
 
 class Unsandboxed(_message.Message):
     __slots__ = ()

@@ -1,0 +1,184 @@
+"""The session's private ``/tmp`` is one host directory, shared with its sandboxed escalations
+(issue #12 item 8, second bullet), run for real as root and as an unprivileged user:
+``execgate run --sandbox bwrap`` as a subprocess, real bubblewrap, real shells.
+
+* ``cd "$(mktemp -d)"`` then an escalated command (a rule with ``execution = { network = true }``,
+  the shipped ``git-network`` rule's ``git clone``) works, and what it wrote is the session's;
+* the host's ``/tmp`` stays invisible to the session and to the escalation;
+* an unsandboxed escalation from there is still refused, with a reason;
+* the directory is removed when ``execgate run`` exits, after ``--timeout`` too;
+* a request the session forges over its fallback socket cannot name another directory: the
+  profile, ``tmp_dir`` included, is the escalation server's own.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from execgate.server.sandbox import bwrap_usable
+
+pytestmark = pytest.mark.skipif(bwrap_usable() is not None, reason=f"bwrap unusable: {bwrap_usable()}")
+
+#: Escalates ``dash`` into a sandbox profile (network on).
+ESCALATE_DASH = """
+default = "run"
+
+[[rule]]
+id = "dash-escalated"
+program = "dash"
+decision = "escalate"
+execution = { network = true }
+"""
+
+#: Escalates ``dash`` unsandboxed: it would run on the host.
+ESCALATE_DASH_UNSANDBOXED = """
+default = "run"
+
+[[rule]]
+id = "dash-unsandboxed"
+program = "dash"
+decision = "escalate"
+execution = "unsandboxed"
+"""
+
+
+@pytest.fixture
+def outside():
+    """A root-owned directory outside every session root (mode 0755) for rules files and victims."""
+    path = Path(tempfile.mkdtemp(prefix="eg-out-", dir="/var/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def host_marker():
+    """A file in the host's /tmp, readable by all: neither the session nor an escalation sees it."""
+    token = f"host-tmp-{uuid.uuid4().hex}"
+    path = Path(f"/tmp/eg-marker-{uuid.uuid4().hex[:8]}")
+    path.write_text(token + "\n")
+    path.chmod(0o644)
+    try:
+        yield path, token
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _rules(directory: Path, text: str) -> Path:
+    path = directory / "rules.toml"
+    path.write_text(text)
+    path.chmod(0o644)
+    return path
+
+
+def _run(attacker, script: str, *extra: str, timeout: float = 90):
+    """``execgate run --sandbox bwrap`` (not quiet: the start lines name the /tmp directory)."""
+    return attacker.execgate("run", "--sandbox", "bwrap", *extra, "--", script, cwd=attacker.workdir(),
+                             timeout=timeout)
+
+
+def _tmp_dir(stderr: str) -> Path:
+    """The host directory of the session's /tmp, as the start line names it."""
+    found = re.search(r"a private /tmp \((/\S+) on the host, removed at exit\)", stderr)
+    assert found, stderr
+    return Path(found.group(1))
+
+
+def test_escalation_from_the_private_tmp_sees_the_sessions_tmp(attacker, outside, host_marker):
+    rules = _rules(outside, ESCALATE_DASH)
+    marker, token = host_marker
+    script = f"""
+cd "$(mktemp -d)" || exit 9
+dash -c 'echo escalated-wrote > made; ls /tmp >/dev/null; cat {marker} 2>/dev/null; echo "escalated-marker=$?"'
+echo "status=$?"
+cat made
+cat {marker} 2>/dev/null; echo "shell-marker=$?"
+"""
+    done = _run(attacker, script, "--rules", str(rules))
+    out = done.stdout
+    assert "status=0" in out and "escalated-wrote" in out, out + done.stderr
+    assert token not in out and "escalated-marker=1" in out and "shell-marker=1" in out, out
+    assert "exists only inside" not in done.stderr, done.stderr
+    assert not _tmp_dir(done.stderr).exists()  # removed at exit
+
+
+def test_git_clone_in_the_private_tmp_under_the_shipped_rules(attacker):
+    if shutil.which("git", path="/usr/bin:/bin") is None:
+        pytest.skip("git is not installed in a system directory")
+    script = """
+cd "$(mktemp -d)" || exit 9
+git init -q src && git -C src -c user.name=t -c user.email=t@example.org commit -q --allow-empty -m first-commit
+git clone -q src copy; echo "clone=$?"
+git -C copy log --format=%s
+"""
+    done = _run(attacker, script)
+    assert "clone=0" in done.stdout and "first-commit" in done.stdout, done.stdout + done.stderr
+    assert "exists only inside" not in done.stderr, done.stderr
+
+
+def test_unsandboxed_escalation_from_the_private_tmp_is_refused(attacker, outside):
+    rules = _rules(outside, ESCALATE_DASH_UNSANDBOXED)
+    script = ('cd "$(mktemp -d)" && dash -c "echo escalated-ok"; echo "status=$?"; '
+              'cd ~- && dash -c "echo from-root-ok"')
+    done = _run(attacker, script, "--rules", str(rules))
+    assert "escalated-ok" not in done.stdout and "status=1" in done.stdout, done.stdout + done.stderr
+    assert "escalated unsandboxed" in done.stderr and "/tmp is the host's own" in done.stderr, done.stderr
+    assert f"cd to {attacker.workdir()}" in done.stderr, done.stderr
+    assert "from-root-ok" in done.stdout, done.stderr  # control: from the session's root it runs
+
+
+def test_the_directory_is_removed_after_a_timeout(attacker):
+    # Left behind: files, a read-only directory holding a file (as Go's module cache).
+    script = "cd /tmp && mkdir -p ro/sub && echo x > ro/sub/f && chmod 500 ro/sub ro && echo left; sleep 60"
+    done = _run(attacker, script, "--timeout", "3")
+    assert done.returncode == 124 and "left" in done.stdout, done.stdout + done.stderr
+    assert not _tmp_dir(done.stderr).exists()
+
+
+#: Run in the session: a request of its own over the fallback socket that names another directory
+#: as the sandbox's /tmp in every place a client could think of; then the escalation it gets.
+_FORGE = r"""
+import json, os, socket, sys
+from execgate.server.fdpass import recv_frame_blocking, send_frame_blocking
+from execgate.wrapper.client import escalate
+
+victim = sys.argv[1]
+box = {"tmp_dir": victim, "writable_roots": [victim], "readable_roots": [victim]}
+request = {
+    "file": "/usr/bin/dash", "argv": ["dash", "-c", "cat /tmp/victim-file; echo forged-status=$?"],
+    "workdir": os.getcwd(), "env": {"PATH": "/usr/bin:/bin"},
+    "tmp_dir": victim, "sandbox": box, "session": {"sandbox": box}, "permissions": box,
+}
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(os.environ["EXECGATE_SOCKET_PATH"])
+send_frame_blocking(s, json.dumps(request).encode(), [])
+payload, _ = recv_frame_blocking(s, max_fds=0)
+answer = json.loads(payload)
+print("answer=" + str(answer.get("action")), flush=True)
+if answer.get("action") == "Escalate":
+    print("exit=%d" % escalate(s, False), flush=True)
+"""
+
+
+def test_a_forged_request_cannot_choose_the_tmp_directory(attacker, outside):
+    rules = _rules(outside, ESCALATE_DASH)
+    victim = outside / "victim"
+    victim.mkdir(mode=0o755)
+    token = f"victim-{uuid.uuid4().hex}"
+    (victim / "victim-file").write_text(token + "\n")
+    (victim / "victim-file").chmod(0o644)
+    forge = outside / "forge.py"
+    forge.write_text(_FORGE)
+    forge.chmod(0o644)
+    done = _run(attacker, f'cd "$(mktemp -d)" && python3 {forge} {victim}', "--rules", str(rules))
+    out = done.stdout
+    assert "answer=Escalate" in out and "forged-status=" in out, out + done.stderr  # the escalation ran
+    assert token not in out and "forged-status=1" in out, out
