@@ -38,7 +38,9 @@ marks cacheable (a Run or Deny of the rules alone, ``DetermineActionResponse.cac
 for the same session and file for its TTL, without a call; every reuse is still audited: it gets
 a fresh decision id of the client's and is sent to the service with ``RecordCachedDecisions``
 in batches (every 0.5 s, 256 at a time, and when a session closes: :meth:`GrpcPolicy.session_closed`).
-An answer the service announced as a prompt is never cached, whatever it says.
+An answer the service announced as a prompt is never cached, whatever it says. The cache answers
+only while the channel is READY and no call has failed since the last success (a failed call
+empties it): a service that is down or unhealthy gets every exec denied, fail closed, as before.
 """
 
 from __future__ import annotations
@@ -178,6 +180,7 @@ class GrpcPolicy:
         #: The decision cache, or None when off.
         self.cache: DecisionCache | None = DecisionCache() if cache is True else (cache or None)
         self._record_call: grpc.aio.UnaryUnaryMultiCallable | None = None
+        self._cache_ok = True
         #: The audit of cache hits (``cached_audit.lost`` counts lines that never reached the service).
         self.cached_audit = CachedAudit(self._record_cached, on_fingerprint=self._observe_fingerprint,
                                         interval_s=audit_interval_s, batch=audit_batch,
@@ -247,7 +250,7 @@ class GrpcPolicy:
             The service's decision, or ``Decision.deny(reason, error=True)`` on any failure.
         """
         started = time.monotonic()
-        if self.cache is not None:
+        if self.cache is not None and self._cache_usable():
             entry = self.cache.get(session, program, argv, workdir, facts)
             if entry is not None:
                 return self._answer_cached(entry.decision, session, program, argv, workdir, facts, started)
@@ -264,11 +267,13 @@ class GrpcPolicy:
             except (grpc.aio.AioRpcError, codec.CodecError, _NoAnswer) as exc:
                 cause = self._describe(exc)
                 self._failed("DetermineAction", exc, started)
+                self._cache_fault()
                 describe_failure(span, self._classify(exc), cause)
                 log.warning("policy error, failing closed (session %s, %s): %s", session.session_id, program, cause)
                 return Decision.deny(f"policy service error: {cause}", error=True)
             describe_answer(span, decision.decision_id, decision.action, decision.rule_id)
         if self.cache is not None:
+            self._cache_ok = True
             self._maybe_cache(response, prompted, decision, session, program, argv, workdir, facts)
         self.metrics.calls.labels("DetermineAction").observe(time.monotonic() - started)
         self.metrics.decisions.labels(decision.action).inc()
@@ -288,6 +293,21 @@ class GrpcPolicy:
         if hint is None or prompted or response.decision.approver:
             return
         self.cache.put(session, program, tuple(argv), workdir, facts, decision, hint)
+
+    def _cache_usable(self) -> bool:
+        """Answer from the cache only while the service is reachable: the last call succeeded and
+        the channel is READY (gRPC's own view, health checking included). A service that is down
+        or unhealthy gets every exec denied as before (fail closed), and no hit is made that
+        could not be audited."""
+        channel = self._channel
+        return (self._cache_ok and channel is not None and self._loop is asyncio.get_running_loop()
+                and channel.get_state() == grpc.ChannelConnectivity.READY)
+
+    def _cache_fault(self) -> None:
+        """A call failed: empty the cache and use it again only after a call succeeds."""
+        self._cache_ok = False
+        if self.cache is not None:
+            self.cache.clear()
 
     def _observe_fingerprint(self, fingerprint: str) -> None:
         if self.cache is not None:
@@ -332,6 +352,7 @@ class GrpcPolicy:
                                                wait_for_ready=False)
         except grpc.aio.AioRpcError as exc:
             self._failed("RecordCachedDecisions", exc, started, count_error=False)
+            self._cache_fault()  # hits that cannot be audited are not made
             raise
         self.metrics.calls.labels("RecordCachedDecisions").observe(time.monotonic() - started)
         return response.rules_fingerprint
