@@ -250,8 +250,8 @@ class GrpcPolicy:
             The service's decision, or ``Decision.deny(reason, error=True)`` on any failure.
         """
         started = time.monotonic()
-        if self.cache is not None and self._cache_usable():
-            entry = self.cache.get(session, program, argv, workdir, facts)
+        if self.cache is not None:
+            entry = self.cache.get(session, program, argv, workdir, facts) if self._cache_usable() else None
             if entry is not None:
                 return self._answer_cached(entry.decision, session, program, argv, workdir, facts, started)
             self.metrics.cache_lookups.labels("miss").inc()
