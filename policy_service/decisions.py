@@ -485,6 +485,12 @@ def _profile(execution: Execution, session: SessionContext, workdir: str) -> Per
     session has no sandbox (its shell could write there anyway) and it is not a system directory
     (``/``, ``/tmp``, ``/proc``, …: :func:`~execgate.server.sandbox.unsafe_workdir`); in a
     sandboxed session only if one of its roots covers it.
+
+    What the session cannot see or change, its escalations cannot either: the session's masked
+    directories, hidden paths (a remote policy service's socket, the token and key files) and
+    protected paths (execgate's own package) are joined to the granted profile's. They come from
+    the session's profile, which the escalation server (not the session) sends with every request.
+    ``session_default`` is the session's profile itself, those included.
     """
     if execution.kind == "permissions":
         granted = execution.permissions or Permissions()
@@ -496,9 +502,12 @@ def _profile(execution: Execution, session: SessionContext, workdir: str) -> Per
         seen = session.sandbox.readable_roots if session.sandbox is not None else ()
         readable = tuple(dict.fromkeys(r for r in (*granted.readable_roots, *seen) if r not in writable))
         # What the session cannot see (a real HOME behind a private one), its escalations cannot either.
-        masked = tuple(dict.fromkeys((*granted.masked_dirs, *(session.sandbox.masked_dirs if session.sandbox else ()))))
+        box = session.sandbox or Permissions()
+        masked = tuple(dict.fromkeys((*granted.masked_dirs, *box.masked_dirs)))
+        hidden = tuple(dict.fromkeys((*granted.hidden_paths, *box.hidden_paths)))
+        protected = tuple(dict.fromkeys((*granted.protected_paths, *box.protected_paths)))
         return Permissions(network=granted.network, writable_roots=writable, readable_roots=readable,
-                           masked_dirs=masked)
+                           masked_dirs=masked, hidden_paths=hidden, protected_paths=protected)
     if execution.kind == "session_default":
         return session.sandbox
     return None

@@ -205,6 +205,9 @@ class RuleSet:
                 if not trusted:
                     skipped.append(rule)
                     continue
+            elif not rule.restrictive and not _names_the_file(identity):
+                skipped.append(rule)  # the path as named is not the file that would run
+                continue
             matched.append(rule)
         if not matched:
             return self._default_evaluation(program, tuple(skipped), argv_free)
@@ -256,7 +259,10 @@ class RuleSet:
 
     def _default_evaluation(self, program: str, skipped: tuple[Rule, ...], argv_free: bool = False) -> Evaluation:
         reason = f"no rule matched {program}; default: {self._default}"
-        if skipped:
+        if skipped and os.path.isabs(skipped[0].program):
+            reason += (f" (rule {skipped[0].id} names {skipped[0].program} but the file that would "
+                       f"run is not the one at that path)")
+        elif skipped:
             reason += (f" (rule {skipped[0].id} names {skipped[0].program} but {program} is not "
                        f"in a trusted directory)")
         return Evaluation(
@@ -333,6 +339,14 @@ def _execution_for(decision: str, execution: Execution | None) -> Execution | No
     if decision in ("escalate", "prompt"):
         return execution or Execution("unsandboxed")
     return None
+
+
+def _names_the_file(identity: FileIdentity | None) -> bool:
+    """True when the program's path, as named, is the file that would run: the server identified
+    the file and found it at that path, outside ``/proc`` and ``/dev`` (a permissive rule named by
+    absolute path needs this: ``link/../../usr/bin/id`` is lexically ``/usr/bin/id`` but the
+    kernel runs another file)."""
+    return identity is not None and not identity.pseudo_fs
 
 
 def _is_pseudo(path: str) -> bool:

@@ -178,7 +178,7 @@ async def running_service(
     approver_wait_s: float = 0.0,
     no_approver_reason: str | None = None,
     grace_s: float = 1.0,
-    rules_poll_s: float = 1.0,
+    rules_poll_s: float | None = 1.0,
     metrics: PolicyMetrics | None = None,
     metrics_listen: tuple[str, int] | None = None,
     state: str | None = None,
@@ -196,7 +196,8 @@ async def running_service(
     (prompts then find no approver, unless ``approvals_address`` is given).
 
     If ``rules`` has a ``watch(interval_s)`` coroutine (a RulesStore), it runs meanwhile, checking
-    every ``rules_poll_s`` seconds, so that edited rules files are reloaded.
+    every ``rules_poll_s`` seconds, so that edited rules files are reloaded; ``rules_poll_s=None``
+    reads them once.
 
     Args:
         no_approver_reason: if set, every prompt is denied with this reason (see
@@ -259,7 +260,7 @@ async def running_service(
         for server in servers:
             await server.start(serving=shared.unavailable() is None)
             started.append(server)
-        if callable(getattr(rules, "watch", None)):
+        if rules_poll_s is not None and callable(getattr(rules, "watch", None)):
             watcher = asyncio.create_task(rules.watch(rules_poll_s), name="execgate-rules-watch")  # type: ignore[attr-defined]
         if metrics_listen is not None:
             endpoint = await asyncio.to_thread(MetricsEndpoint, metrics.registry, *metrics_listen)
@@ -325,7 +326,9 @@ async def serve_embedded(
 
     The sockets live in a fresh directory of mode 0700 under ``/tmp`` (removed on exit),
     whatever ``TMPDIR`` says. ``rules_paths`` layer on top of the rules shipped in the package
-    unless ``default_rules`` is False.
+    unless ``default_rules`` is False. They are read once, at start, and never reloaded: the
+    sessions this service decides for may be able to write them (a rules file in their working
+    directory), and a session must not change the rules that judge it.
 
     Args:
         approvals: also open the approvals endpoint (``approvals.sock``, its token in
@@ -365,6 +368,7 @@ async def serve_embedded(
             no_approver_reason=no_approver_reason,
             metrics=metrics,
             cache_ttl_s=cache_ttl_s,
+            rules_poll_s=None,
         ) as server:
             yield EmbeddedService(server.addresses[0], token, server.approvals_address, token_file,
                                   server.decisions.approvals)

@@ -46,6 +46,7 @@ from execgate.server import protocol as p
 from execgate.server import seccomp_notify as sn
 from execgate.server.exec_facts import Coverage, learn
 from execgate.server.fdpass import close_fds, recv_datagram
+from execgate.server.identity import Unresolved, open_fd_of, open_root, walk
 from execgate.server.policy import Decision, ExecFacts, Policy, SessionContext
 
 log = logging.getLogger(__name__)
@@ -69,15 +70,21 @@ class _Exec:
 
     tid: int
     tgid: int
-    program: str  # absolute, lexically normalised
+    program: str  # absolute, lexically normalised: the name the policy judges
     argv: list[bytes]
     workdir: str
-    ident: tuple[int, int] | None  # (st_dev, st_ino) of the file, if it could be stat'ed
-    fd_link: str | None = None  # /proc/PID/fd/N for an execveat(N, "", AT_EMPTY_PATH)
+    ident: tuple[int, int]  # (st_dev, st_ino) of the file the kernel's resolution reaches
+    fd: int  # O_PATH fd of that very file (owned by whoever holds this _Exec: _handle closes it)
 
 
 class Unnamed(ValueError):
-    """The exec is of an open file without a name (memfd, deleted file): refused undecided."""
+    """The exec's file cannot be identified in the caller's view (a memfd or deleted file, a
+    path through ``/proc``, an ``execveat`` relative to a directory fd): refused undecided."""
+
+
+#: errnos of a failed resolution that the exec itself would fail with: answered as they are,
+#: without a decision (a static shell's PATH search tries each directory this way).
+_AS_THE_KERNEL = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG, errno.EBADF})
 
 
 class Backstop:
@@ -209,6 +216,7 @@ class Backstop:
     async def _handle(self, notif: sn.Notification) -> None:
         """Decide one notification and answer it; any failure is a refusal (fail closed)."""
         error = errno.EACCES
+        exe: _Exec | None = None
         try:
             exe = self._read(notif)
             if exe is None or self._undecided(notif.pid, exe):
@@ -219,21 +227,35 @@ class Backstop:
             return
         except Unnamed as exc:
             self._tell(notif.pid, f"Execution denied: {exc}\n")
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
+            if exc.errno in _AS_THE_KERNEL:
+                error = exc.errno
+            else:
+                log.warning("session %s: exec by pid %d refused, its file or arguments cannot be read: %s",
+                            self.context.session_id, notif.pid, exc)
+        except ValueError as exc:
             log.warning("session %s: exec by pid %d refused, its arguments cannot be read: %s",
                         self.context.session_id, notif.pid, exc)
         except Exception:
             log.exception("session %s: unexpected error deciding a seccomp notification", self.context.session_id)
+        finally:
+            if exe is not None:
+                os.close(exe.fd)
         self._answer(notif.id, error)
 
     def _read(self, notif: sn.Notification) -> _Exec | None:
-        """Read the exec's program, argv and working directory from the stopped caller; None for
-        an ``execve`` of the session's wrapper by absolute path (the shim's exec of it: the fast
-        path, it continues undecided).
+        """Read the exec's program, argv and working directory from the stopped caller and open
+        the file the kernel will run, resolved in the caller's view as the kernel resolves it
+        (:func:`~execgate.server.identity.walk`: not the lexically normalised path, whose
+        ``link/..`` would name another directory); None for an ``execve`` of the session's
+        wrapper (the shim's exec of it: the fast path, it continues undecided).
 
         Raises:
             NotificationGone: the caller died (its pid may already name another process).
-            OSError, ValueError: bad pointers, oversized arguments, an unsupported call.
+            Unnamed: the file cannot be identified in the caller's view.
+            OSError: the path does not resolve (the errno the exec would fail with), or the
+                caller's memory cannot be read.
+            ValueError: bad pointers, oversized arguments, an unsupported call.
         """
         kind = sn.EXEC_SYSCALLS.get((notif.arch, notif.nr))
         if kind is None:
@@ -245,22 +267,29 @@ class Backstop:
             if not sn.id_valid(self._listener, notif.id):  # opened the right process's memory?
                 raise sn.NotificationGone
             a = notif.args if kind == "execve" else notif.args[1:]
-            path = sn.read_cstring(mem, a[0], sn.PATH_MAX)
-            if kind == "execve" and path.startswith(b"/") and self._shell is None and self._wrapper_id is not None \
-                    and _ident(f"{proc}/root{os.path.normpath(os.fsdecode(path))}") == self._wrapper_id:
-                return None
-            argv = sn.read_argv(mem, a[1], ptr, max_count=MAX_ARGS, max_bytes=self.max_bytes)
+            path = os.fsdecode(sn.read_cstring(mem, a[0], sn.PATH_MAX))
             workdir = os.readlink(f"{proc}/cwd")
-            tgid = _tgid(proc)
+            dirfd = sn.AT_FDCWD if kind == "execve" else _signed32(notif.args[0])
+            flags = 0 if kind == "execve" else notif.args[4]
+            program, fd = _locate(notif.pid, path, dirfd, flags)
+            try:
+                st = os.fstat(fd)
+                ident = (st.st_dev, st.st_ino)
+                if kind == "execve" and self._shell is None and ident == self._wrapper_id:
+                    if not sn.id_valid(self._listener, notif.id):
+                        raise sn.NotificationGone
+                    os.close(fd)
+                    return None
+                argv = sn.read_argv(mem, a[1], ptr, max_count=MAX_ARGS, max_bytes=self.max_bytes)
+                tgid = _tgid(proc)
+                if not sn.id_valid(self._listener, notif.id):
+                    raise sn.NotificationGone
+            except BaseException:
+                os.close(fd)
+                raise
         finally:
             os.close(mem)
-        dirfd = sn.AT_FDCWD if kind == "execve" else _signed32(notif.args[0])
-        flags = 0 if kind == "execve" else notif.args[4]
-        program, ident = _locate(proc, os.fsdecode(path), dirfd, flags, workdir)
-        if not sn.id_valid(self._listener, notif.id):
-            raise sn.NotificationGone
-        fd_link = f"{proc}/fd/{dirfd}" if not path and flags & sn.AT_EMPTY_PATH else None
-        return _Exec(notif.pid, tgid, program, argv, workdir, ident, fd_link)
+        return _Exec(notif.pid, tgid, program, argv, workdir, ident, fd)
 
     def _undecided(self, tid: int, exe: _Exec) -> bool:
         """True for the execs that continue without a decision (see the module docstring)."""
@@ -269,26 +298,24 @@ class Backstop:
             shell, self._shell = self._shell, None
             if exe.program == shell and _ident(f"/proc/{tid}/exe") == self._launcher_id:
                 return True
-        if exe.ident is not None and exe.ident == self._wrapper_id:
+        if exe.ident == self._wrapper_id:
             return True
         if expected is None or tuple(exe.argv) != expected.argv:
             return False
-        if expected.ident is not None:  # identified by the server: that very file, by any name
-            return exe.ident == expected.ident
-        if exe.program == expected.program:
-            return True
-        return exe.ident is not None and exe.ident == _ident(f"/proc/{tid}/root{expected.program}")
+        # Only the very file the server identified, by any name; a request it could not identify
+        # is decided again here, on the file the kernel will run.
+        return expected.ident is not None and exe.ident == expected.ident
 
     async def _decide(self, exe: _Exec) -> int:
         """Ask the policy; returns 0 (Run) or the errno the exec fails with."""
         argv = [os.fsdecode(a) for a in exe.argv]
         extra = {}
         if getattr(self.policy, "accepts_facts", False):  # Policy doc: what trust rests on, the file's kind
-            uid, fd = await asyncio.to_thread(_caller_of, exe)
-            if exe.fd_link is not None and fd is None:  # never judge its path instead: another file
-                extra["facts"] = ExecFacts(children_unseen=False, problem=f"{exe.fd_link} could not be reopened")
-            else:
-                extra["facts"] = await learn(exe.tgid, exe.program, Coverage(seccomp=True), uid=uid, fd=fd)
+            uid = await asyncio.to_thread(_caller_uid, exe)
+            # The file the kernel will run (learn owns the duplicate): the identity names the
+            # program's path as trustworthy only if that path is this very file.
+            extra["facts"] = await learn(exe.tgid, exe.program, Coverage(seccomp=True), uid=uid,
+                                         fd=os.dup(exe.fd))
         try:
             decision = await self.policy.determine_action(exe.program, argv, exe.workdir, self.context, **extra)
         except Exception as exc:  # fail closed
@@ -329,20 +356,13 @@ class Backstop:
             os.close(pidfd)
 
 
-def _caller_of(exe: _Exec) -> tuple[int | None, int | None]:
-    """``(uid, fd)`` for :func:`execgate.server.exec_facts.learn` of a notified exec: the caller's
-    effective uid (None if unreadable: then nothing is trusted) and, for ``execveat(fd, "",
-    AT_EMPTY_PATH)``, that very fd reopened ``O_PATH`` through ``/proc/PID/fd/N`` (proc(5); owned
-    by the caller), else None (the path is walked in the caller's view). Never raises."""
+def _caller_uid(exe: _Exec) -> int | None:
+    """The caller's effective uid, for :func:`execgate.server.exec_facts.learn` of a notified exec
+    (None if unreadable: then nothing is trusted). Never raises."""
     try:
-        uid: int | None = _uid(f"/proc/{exe.tgid}")
+        return _uid(f"/proc/{exe.tgid}")
     except (OSError, ValueError, IndexError):
-        uid = None
-    try:
-        fd = None if exe.fd_link is None else os.open(exe.fd_link, os.O_PATH | os.O_CLOEXEC)
-    except OSError:
-        return uid, None
-    return uid, fd
+        return None
 
 
 def _uid(proc: str) -> int:
@@ -376,30 +396,72 @@ def _tgid(proc: str) -> int:
     raise OSError(errno.ESRCH, "no Tgid")
 
 
-def _locate(proc: str, path: str, dirfd: int, flags: int, workdir: str) -> tuple[str, tuple[int, int] | None]:
-    """The exec's file as the caller names it: an absolute, lexically normalised path and, if it
-    can be stat'ed through the caller's root, its (device, inode).
+def _locate(tid: int, path: str, dirfd: int, flags: int) -> tuple[str, int]:
+    """The exec's file: the name the caller gives it (absolute, lexically normalised) and an
+    ``O_PATH`` fd (owned by the caller of this function) of the very file the kernel will run.
+
+    ``execveat(fd, "", …, AT_EMPTY_PATH)`` runs the file open on ``fd`` (``/proc/TID/fd/N``, which
+    open follows to that very file); a path is resolved from the caller's root as the kernel does
+    (:func:`~execgate.server.identity.walk`: never lexically normalised first, so ``link/..`` is the
+    parent of the link's target), a relative one from the caller's cwd or ``dirfd``,
+    ``/proc/self/fd/N`` and ``/dev/fd/N`` as the caller's own open files.
 
     Raises:
-        Unnamed: ``AT_EMPTY_PATH`` on a memfd or a deleted file.
-
-    ``execveat(fd, "", …, AT_EMPTY_PATH)`` is the file open on ``fd`` (``/proc/PID/fd/N``, which
-    stat follows to the very file); a relative path is taken from the caller's cwd or ``dirfd``.
+        Unnamed: a memfd or deleted file, a path through the rest of ``/proc``, a starting
+            directory whose name leads elsewhere in the caller's view.
+        OSError: the path does not resolve (``ENOENT``, ``ENOTDIR``, ``ELOOP``, ``EBADF`` … as the
+            exec would fail).
     """
     if path == "" and flags & sn.AT_EMPTY_PATH:
-        link = f"{proc}/fd/{dirfd}"
-        target = os.readlink(link)
-        if not target.startswith("/") or target.endswith(" (deleted)"):
-            # As the shim does: a memfd or a deleted file has no name the policy could judge.
-            raise Unnamed(f"an unnamed file ({target}) cannot be judged by name")
-        return os.path.normpath(target), _ident(link)
+        try:
+            walked = open_fd_of(tid, dirfd)
+        except Unresolved as exc:
+            raise Unnamed(str(exc)) from exc
+        except FileNotFoundError as exc:
+            raise OSError(errno.EBADF, f"fd {dirfd} is not open") from exc
+        return os.path.normpath(walked.real_path), walked.fd
     if not path:
-        raise ValueError("empty path")
-    if not path.startswith("/"):
-        base = workdir if dirfd == sn.AT_FDCWD else os.readlink(f"{proc}/fd/{dirfd}")
-        path = os.path.join(base, path)
-    program = os.path.normpath(path)
-    return program, _ident(f"{proc}/root{program}")
+        raise OSError(errno.ENOENT, "empty path")
+    try:
+        root = open_root(tid)
+    except OSError as exc:
+        raise sn.NotificationGone from exc
+    try:
+        if not path.startswith("/"):
+            link = f"/proc/{tid}/cwd" if dirfd == sn.AT_FDCWD else f"/proc/{tid}/fd/{dirfd}"
+            path = os.path.join(_dir_of(root, link), path)
+        walked = walk(root, path, fds_of=tid)
+    except Unresolved as exc:
+        raise Unnamed(f"{path} cannot be identified: {exc}") from exc
+    finally:
+        os.close(root)
+    return os.path.normpath(path), walked.fd
+
+
+def _dir_of(root: int, link: str) -> str:
+    """The path, in the caller's view (``root``, borrowed), of the directory a magic link of the
+    caller names (``/proc/TID/cwd``, ``/proc/TID/fd/N``, proc(5)): its kernel name, accepted only
+    if it leads to that very directory there (the name is the server's view of it).
+
+    Raises:
+        Unnamed: the name leads elsewhere (a directory outside the caller's view, or moved).
+        OSError: the link does not exist (``EBADF``: no such fd, as the exec would fail).
+    """
+    try:
+        name = os.readlink(link)
+        st = os.stat(link)
+    except OSError as exc:
+        raise OSError(errno.EBADF, f"{link}: {exc.strerror}") from exc
+    try:
+        found = walk(root, name) if name.startswith("/") else None
+    except OSError:
+        found = None
+    if found is None:
+        raise Unnamed(f"the directory {name} cannot be found in the caller's view")
+    os.close(found.fd)
+    if (found.st.st_dev, found.st.st_ino) != (st.st_dev, st.st_ino):
+        raise Unnamed(f"the directory open as {name} is another one in the caller's view")
+    return found.real_path
 
 
 def _is_listener(fd: int) -> bool:

@@ -81,7 +81,7 @@ async def handle_connection(
     limits: Limits,
     on_spawn: Callable[[ChildProcess], None],
     on_run: Callable[[str, list[str], tuple[int, int] | None], None] | None = None,
-    learn: Callable[[str, int | None], Awaitable[ExecFacts]] | None = None,
+    learn: Callable[[str, int | None, str], Awaitable[ExecFacts]] | None = None,
     on_note: Callable[[str], None] | None = None,
     placement: Placement | None = None,
 ) -> None:
@@ -93,8 +93,10 @@ async def handle_connection(
         on_run: called with the program (absolute), argv and the identified file's
             ``(st_dev, st_ino)`` (or None) just before a Run answer is sent (the seccomp backstop
             lets the wrapper's exec of exactly that through undecided).
-        learn: given the program (absolute) and the wrapper's target fd (owned: ``learn`` closes
-            it; None without one), what the server learns of the file in the caller's view
+        learn: given the program (absolute, lexically normalised), the wrapper's target fd
+            (owned: ``learn`` closes it; None without one) and the path as the kernel resolves it
+            (``file`` joined to ``workdir``, not normalised), what the server learns of the file
+            in the caller's view
             (:func:`execgate.server.exec_facts.learn`); sent to a policy that accepts facts.
             None: nothing is learnt (no trust for basename rules, file facts unknown).
         on_note: called with a line for the user: a Run decision's ``note`` (why a program a rule
@@ -106,7 +108,7 @@ async def handle_connection(
     """
     try:
         request, program, target_fd = await _read_request(conn, limits)
-        facts = await _learn(learn, program, target_fd)
+        facts = await _learn(learn, program, target_fd, os.path.join(request.workdir, request.file))
         decision = await _decide(policy, program, request, context, facts)
         decision = _same_file_outside(decision, program, facts)
         if decision.action == "run":
@@ -166,13 +168,13 @@ async def _read_request(conn: socket.socket, limits: Limits) -> tuple[p.Escalate
     return request, program, (fds[0] if fds else None)
 
 
-async def _learn(learn: Callable[[str, int | None], Awaitable[ExecFacts]] | None, program: str,
-                 fd: int | None) -> ExecFacts | None:
+async def _learn(learn: Callable[[str, int | None, str], Awaitable[ExecFacts]] | None, program: str,
+                 fd: int | None, path: str) -> ExecFacts | None:
     """What ``learn`` says of the file (it owns ``fd``); None, with ``fd`` closed, without it."""
     if learn is None:
         close_fds([] if fd is None else [fd])
         return None
-    return await learn(program, fd)
+    return await learn(program, fd, path)
 
 
 def _same_file_outside(decision: Decision, program: str, facts: ExecFacts | None) -> Decision:

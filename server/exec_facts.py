@@ -180,17 +180,21 @@ def _read(root: int | None, fd: int) -> tuple[FileInfo | None, str | None]:
 
 
 def gather(pid: int | None, program: str, coverage: Coverage, *, uid: int | None = None,
-           fd: int | None = None) -> ExecFacts:
+           fd: int | None = None, path: str | None = None) -> ExecFacts:
     """The facts of one exec, by process ``pid``, of ``program``: one walk in the caller's view
     gives the file both the identity and the file info describe.
 
     Args:
         pid: the caller, in the server's pid namespace (None: unknown, nothing is walked).
-        program: absolute path the caller named.
+        program: absolute, lexically normalised path the caller named: the name the policy judges.
         coverage: the session's interception, for ``children_unseen``.
         uid: the caller's uid (``SO_PEERCRED``); None: not identified (no trust).
-        fd: the wrapper's target fd (borrowed), or None: then the file the path resolves to in the
-            caller's view is read.
+        fd: the wrapper's target fd (borrowed), or None: then the file ``path`` resolves to in the
+            caller's view is the one that runs, and is read.
+        path: the absolute path as the kernel will resolve it (``file`` joined to ``workdir``,
+            *not* normalised: ``symlink/..`` is not the symlink's directory); None: ``program``.
+            When it differs from ``program`` and names another file, the name is not the file's
+            (:func:`~execgate.server.identity.judge` then trusts nothing).
 
     Returns:
         The facts; never raises: what cannot be learnt is None, with the reason in ``problem``.
@@ -204,23 +208,41 @@ def gather(pid: int | None, program: str, coverage: Coverage, *, uid: int | None
         info, problem = _read(None, fd) if fd is not None else (None, f"caller's root: {exc}")
         return ExecFacts(info, children_unseen(info, coverage, None), problem)
     walked: Walked | None = None
+    runs: Walked | None = None  # the file the kernel's own resolution of ``path`` reaches
     problem: str | None = None
     try:
         try:
             walked = walk(root, os.path.normpath(program))
         except OSError as exc:
             problem = str(exc)
-        identity = None if uid is None else _judge(root, program, uid, fd, walked)
-        target = fd if fd is not None else (None if walked is None else walked.fd)
-        if target is not None:
-            info, problem = _read(root, target)
+        if fd is None and path is not None and _differs(path, program):
+            try:
+                runs = walk(root, path)
+            except OSError as exc:
+                problem = f"{path}: {exc}"
+            fd = runs.fd if runs is not None else -1
+        if fd == -1:  # the file that would run is unknown: nothing about it is known either
+            identity, info = None, None
         else:
-            info = None
+            identity = None if uid is None else _judge(root, program, uid, fd, walked)
+            target = fd if fd is not None else (None if walked is None else walked.fd)
+            if target is not None:
+                info, problem = _read(root, target)
+            else:
+                info = None
     finally:
-        if walked is not None:
-            os.close(walked.fd)
+        for done in (walked, runs):
+            if done is not None:
+                os.close(done.fd)
         os.close(root)
     return ExecFacts(info, children_unseen(info, coverage, no_new_privs(pid)), problem, identity)
+
+
+def _differs(path: str, program: str) -> bool:
+    """True if the kernel's resolution of ``path`` may reach another file than ``program`` (its
+    lexical normalisation) names: it has a ``..`` component (only ``.``, ``//`` and a trailing
+    ``/`` are dropped by normalisation without changing what the kernel resolves)."""
+    return path != program and ".." in path.split("/")
 
 
 def _judge(root: int, program: str, uid: int, fd: int | None, walked: Walked | None) -> FileIdentity | None:
@@ -237,14 +259,14 @@ GATHER_TIMEOUT_S = 2.0
 
 
 async def learn(pid: int | None, program: str, coverage: Coverage, timeout_s: float = GATHER_TIMEOUT_S, *,
-                uid: int | None = None, fd: int | None = None) -> ExecFacts:
+                uid: int | None = None, fd: int | None = None, path: str | None = None) -> ExecFacts:
     """:func:`gather` in a worker thread (never on the event loop), bounded by ``timeout_s``
     seconds; past it nothing is known (the thread finishes on its own). ``fd`` is *owned*: the
     worker closes it when done, even after a timeout or cancellation. Never raises but for
     cancellation."""
     def owned() -> ExecFacts:
         try:
-            return gather(pid, program, coverage, uid=uid, fd=fd)
+            return gather(pid, program, coverage, uid=uid, fd=fd, path=path)
         finally:
             if fd is not None:
                 os.close(fd)

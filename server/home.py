@@ -34,7 +34,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field, replace
 
-from execgate.server.sandbox import ShellSandbox, unsafe_workdir
+from execgate.server.sandbox import ShellSandbox, under, unsafe_workdir
 
 #: Toolchain paths under the real HOME that a private HOME links to (read-only inside a sandbox).
 TOOLCHAINS: tuple[str, ...] = (".pyenv", ".rustup", ".cargo/bin", ".nvm", ".local/bin", "go/bin")
@@ -217,10 +217,23 @@ def _make_writable(top: str) -> None:
 
 
 def with_home(sandbox: ShellSandbox, home: SessionHome) -> ShellSandbox:
-    """``sandbox`` with ``home``'s roots added and the real HOME masked (unchanged without bwrap)."""
+    """``sandbox`` with ``home``'s roots added and the real HOME masked (unchanged without bwrap).
+
+    Raises:
+        HomeError: a writable root (the working directory) is the real HOME that ``home`` masks,
+            or an ancestor of it: bound writable over the mask, it would show the real HOME,
+            writable, while the session is told it is hidden. The message names ``--home real``.
+    """
     if sandbox.mode != "bwrap" or sandbox.permissions is None:
         return sandbox
     perms = sandbox.permissions
+    for root in perms.writable_roots:
+        for real in home.masked:
+            if any(under(real, spelled) for spelled in (root, os.path.realpath(root))):
+                what = "your HOME" if os.path.realpath(root) == real else f"an ancestor of your HOME {real}"
+                raise HomeError(f"--cwd {root} is {what}, which --home {home.mode} hides from the session; to work "
+                                "there use --home real (your dotfiles and credentials become writable in the "
+                                "sandbox), or --cwd a project directory below it")
     writable = tuple(dict.fromkeys((*perms.writable_roots, *home.writable)))
     readable = tuple(dict.fromkeys(r for r in (*perms.readable_roots, *home.readable) if r not in writable))
     masked = tuple(dict.fromkeys((*perms.masked_dirs, *home.masked)))

@@ -177,15 +177,24 @@ def judge(root: int, program: str, uid: int, fd: int | None, walked: Walked | No
     )
 
 
-def walk(root: int, path: str) -> Walked:
-    """Resolve absolute ``path`` from the caller's ``root`` (borrowed fd), following symlinks.
+def walk(root: int, path: str, *, fds_of: int | None = None) -> Walked:
+    """Resolve absolute ``path`` from the caller's ``root`` (borrowed fd), following symlinks, as
+    the kernel does (path_resolution(7)): ``..`` is the parent of the directory reached so far,
+    symlinks included, so ``link/..`` is *not* the directory holding ``link``. Give it the path as
+    the caller named it, not lexically normalised, to find the file an exec will run.
+
+    Args:
+        fds_of: a thread id (server's pid namespace) whose open files ``/proc/self/fd/N`` and
+            ``/proc/thread-self/fd/N`` name (reached directly or through a symlink such as
+            ``/dev/fd``); None: those paths are Unresolved like the rest of ``/proc``.
 
     Returns:
         The final file, open ``O_PATH`` (:class:`Walked`; its fd is the caller's to close).
 
     Raises:
-        Unresolved: too many components or symlinks, the walk enters ``/proc``, or the path
-            names the root itself.
+        Unresolved: too many components or symlinks, the walk enters ``/proc`` (but for the
+            open-file forms above), an open file without a name (a memfd, a deleted file), or the
+            path names the root itself.
         OSError: a component is missing or cannot be opened (openat(2)).
     """
     todo = [c for c in reversed(path.split("/")) if c]
@@ -207,6 +216,8 @@ def walk(root: int, path: str) -> Walked:
                     os.close(fds.pop())
                 continue
             if not names and comp == "proc":
+                if fds_of is not None and _is_own_fd(todo):
+                    return open_fd_of(fds_of, int(todo[0]))
                 raise Unresolved("the path goes through /proc (magic links of the caller's pid namespace)")
             here = fds[-1] if fds else root
             fd = os.open(comp, _PATH_FLAGS, dir_fd=here)
@@ -237,6 +248,32 @@ def walk(root: int, path: str) -> Walked:
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _is_own_fd(rest: list[str]) -> bool:
+    """True if the components after ``/proc`` (reversed, as :func:`walk` keeps them) are exactly
+    ``self/fd/N`` or ``thread-self/fd/N``."""
+    return len(rest) == 3 and rest[2] in ("self", "thread-self") and rest[1] == "fd" and rest[0].isdigit()
+
+
+def open_fd_of(tid: int, n: int) -> Walked:
+    """The file thread ``tid`` has open on fd ``n``, as an exec of ``/proc/self/fd/N`` runs it:
+    ``/proc/TID/fd/N`` opened ``O_PATH`` follows the magic link to that very file (proc(5)).
+
+    Raises:
+        Unresolved: the fd names no file with a name (memfd, deleted file, socket, pipe).
+        OSError: no such fd (or thread).
+    """
+    link = f"/proc/{tid}/fd/{n}"
+    name = os.readlink(link)
+    if not name.startswith("/") or name.endswith(" (deleted)"):
+        raise Unresolved(f"an unnamed file ({name}) cannot be judged by name")
+    fd = os.open(link, os.O_PATH | os.O_CLOEXEC)
+    try:
+        return Walked(fd, os.fstat(fd), name, frozenset())
+    except OSError:
+        os.close(fd)
+        raise
 
 
 def _judge_dirs(root: int, dirs: set[str], uid: int) -> tuple[bool, bool]:

@@ -24,12 +24,22 @@ class Permissions:
 
     ``masked_dirs`` are emptied (a tmpfs) before the roots are bound: the user's real HOME when
     the session has a private one (:mod:`execgate.server.home`).
+
+    ``hidden_paths`` are files that must not be reachable inside (a remote policy service's socket,
+    the token and key files of ``execgate run``): their directory is masked, or the file covered
+    (:func:`execgate.server.sandbox.bwrap_argv`). ``protected_paths`` are bound read-only after
+    the writable roots (execgate's own installed package, which runs outside the sandbox later),
+    so that a writable root above them cannot change them. Both only take away; the escalation
+    server fills them in the session's profile, and a sandboxed escalation inherits them
+    (docs/DESIGN.md §7).
     """
 
     network: bool = False
     writable_roots: tuple[str, ...] = ()
     readable_roots: tuple[str, ...] = ()
     masked_dirs: tuple[str, ...] = ()
+    hidden_paths: tuple[str, ...] = ()
+    protected_paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

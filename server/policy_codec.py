@@ -28,6 +28,8 @@ def permissions_to_pb(perms: Permissions) -> pb.Permissions:
         writable_roots=list(perms.writable_roots),
         readable_roots=list(perms.readable_roots),
         masked_dirs=list(perms.masked_dirs),
+        hidden_paths=list(perms.hidden_paths),
+        protected_paths=list(perms.protected_paths),
     )
 
 
@@ -35,16 +37,28 @@ def permissions_from_pb(msg: pb.Permissions) -> Permissions:
     """Decode a profile.
 
     Raises:
-        CodecError: a root is not an absolute path.
+        CodecError: a root (or hidden or protected path) is not an absolute path, or there are more
+            hidden and protected paths than ``MAX_SANDBOX_ROOTS`` or one is longer than a path may be.
     """
-    for root in (*msg.writable_roots, *msg.readable_roots, *msg.masked_dirs):
+    for root in (*msg.writable_roots, *msg.readable_roots, *msg.masked_dirs, *msg.hidden_paths, *msg.protected_paths):
         if not os.path.isabs(root):
             raise CodecError(f"sandbox root {root!r} is not an absolute path")
+    from execgate.server import protocol
+
+    extra = (*msg.hidden_paths, *msg.protected_paths)
+    if len(extra) > protocol.MAX_SANDBOX_ROOTS:
+        raise CodecError(f"sandbox has {len(extra)} hidden and protected paths, more than the bound of "
+                         f"{protocol.MAX_SANDBOX_ROOTS}")
+    if (why := protocol.path_bounds_violation({f"sandbox path {i}": r for i, r in enumerate(extra)},
+                                              scale=protocol.GRPC_TEXT_EXPANSION)) is not None:
+        raise CodecError(why)
     return Permissions(
         network=msg.network,
         writable_roots=tuple(msg.writable_roots),
         readable_roots=tuple(msg.readable_roots),
         masked_dirs=tuple(msg.masked_dirs),
+        hidden_paths=tuple(msg.hidden_paths),
+        protected_paths=tuple(msg.protected_paths),
     )
 
 

@@ -148,6 +148,10 @@ def _byte_count(text: str) -> int:
 def main(args: argparse.Namespace) -> int:
     # execgate's own messages share the script's stderr: say whose they are.
     logging.basicConfig(format="execgate: %(levelname)s: %(message)s", level=logging.WARNING)
+    from execgate.server.logfilter import RepeatLimit
+
+    for handler in logging.getLogger().handlers:  # a session could flood it with broken frames
+        handler.addFilter(RepeatLimit())
     try:
         import uvloop
 
@@ -266,10 +270,17 @@ def _plan(args: argparse.Namespace) -> _Plan:
     from execgate.server import telemetry
 
     try:
+        # A working directory at or above the real HOME would show it, writable, over its mask.
+        sandbox = with_home(sandbox, home)
         metrics_listen, tracing = telemetry.options(args, service_name="execgate-run")
-    except telemetry.TelemetryError as exc:
+        containment = choose_containment(args.containment)
+    except (HomeError, telemetry.TelemetryError) as exc:
+        home.cleanup()
         raise RunSetupError(str(exc)) from exc
-    return _Plan(shell, wrapper, with_home(sandbox, home), extra_env, seccomp, home, choose_containment(args.containment),
+    except BaseException:
+        home.cleanup()
+        raise
+    return _Plan(shell, wrapper, sandbox, extra_env, seccomp, home, containment,
                  workdir, labels, token, tls, metrics_listen, tracing)
 
 
@@ -302,6 +313,9 @@ async def _run_planned(args: argparse.Namespace, plan: _Plan) -> int:
     from execgate.server.sandbox import SandboxError
 
     rules = rules_line(args)
+    # Not silenced by --quiet: what the sandbox cannot keep from the session (ShellSandbox.start_warnings).
+    for line in plan.sandbox.start_warnings(plan.workdir):  # type: ignore[attr-defined]
+        print(f"execgate: warning: {line}", file=sys.stderr, flush=True)
     if not args.quiet:
         print(f"execgate: {plan.sandbox.note}", file=sys.stderr, flush=True)  # type: ignore[attr-defined]
         print(f"execgate: {plan.home.note}", file=sys.stderr, flush=True)  # type: ignore[attr-defined]

@@ -26,6 +26,13 @@ fresh network namespace that has only loopback), and, for root as for anyone:
   root inside is still the host's uid 0 to permission checks on files (a user namespace maps it to
   itself), and a sysctl file checks nothing else.
 
+Files that must stay out of reach (a remote policy service's socket, the token and key files of
+``execgate run``: ``Permissions.hidden_paths``) are hidden by masking their directory after every
+bind, else by a cover on the file (:func:`hiding`); execgate's own package
+(``Permissions.protected_paths``, :func:`own_package_dirs`) is bound read-only over a writable root
+that holds it (:func:`_protect`). Both travel in the session's profile, so sandboxed escalations
+get them too.
+
 Inherited fds (the session's ``CODEX_ESCALATE_SOCKET``) pass through bwrap unchanged. The session's
 fallback socket directory is bound back in **read-only** after ``/tmp`` is replaced: connect(2) on a
 socket inode works on a read-only mount, while unlink, rename and bind fail (``EROFS``; renaming the
@@ -40,6 +47,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
@@ -62,11 +70,20 @@ _REPLACED = ("/tmp", "/dev", "/proc", "/run", "/var/run")
 #: do; without capabilities they cannot be unmounted.
 _PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
 
-#: Directories that are never a session's working directory (they would become writable roots).
+#: Directories that are never a session's working directory themselves (they would become
+#: writable roots); a project directory below one of them is fine.
 _SYSTEM_DIRS = frozenset({
     "/", "/tmp", "/var/tmp", "/proc", "/dev", "/run", "/sys", "/usr", "/etc", "/var", "/boot", "/bin",
     "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/home", "/root", "/opt", "/srv", "/mnt", "/media",
 })
+#: Trees no directory of which is a working directory: system files, the boot loader, pseudo
+#: file systems. ``/var`` is one, except :data:`_SCRATCH_UNDER_SYSTEM` below it.
+_SYSTEM_TREES = ("/etc", "/usr", "/boot", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/var",
+                 "/proc", "/sys", "/dev", "/run")
+#: Scratch space inside a system tree: directories below it (not it) may be working directories.
+_SCRATCH_UNDER_SYSTEM = ("/var/tmp",)
+#: Directories of credentials under a home directory: nothing at or below one is a working directory.
+_CREDENTIAL_DIRS = (".ssh", ".gnupg")
 #: Pseudo file systems: no directory under them is a working directory either.
 _PSEUDO_FS = ("/proc", "/sys", "/dev", "/run")
 
@@ -104,19 +121,42 @@ def under(path: str, root: str) -> bool:
 def unsafe_workdir(path: str, home: str | None = None) -> str | None:
     """Why ``path`` must not be a session's working directory (a writable root), or None if it may.
 
-    Refused: the system directories (``/``, ``/tmp``, ``/usr``, ``/etc``, …, see ``_SYSTEM_DIRS``)
-    themselves and anything under a pseudo file system (``/proc``, ``/sys``, ``/dev``, ``/run``).
-    The user's ``home`` itself is allowed. ``path`` is judged as written and resolved (symlinks).
+    Refused: the system directories themselves (``/``, ``/tmp``, ``/var/tmp``, ``/home``,
+    ``/root``, ``/opt``, ``/srv``, …: ``_SYSTEM_DIRS``); anything at or below ``/etc``, ``/usr``,
+    ``/boot``, ``/bin``, ``/sbin``, the ``/lib*`` directories, ``/var`` (but below ``/var/tmp``)
+    and the pseudo file systems ``/proc``, ``/sys``, ``/dev``, ``/run`` (``_SYSTEM_TREES``); and any
+    directory of a ``.ssh`` or ``.gnupg`` of ``home``, of ``/root`` or of a ``/home/*``. Allowed:
+    project directories under ``/opt``, ``/srv``, ``/home/*``, ``/root``, ``/tmp`` and
+    ``/var/tmp``, and the user's ``home`` itself (not when it is one of the refused trees or
+    ``/``). ``path`` is judged as written and resolved (symlinks): both must pass.
     """
     real = os.path.realpath(path)
+    # Both spellings: /lib64 resolves to /usr/lib64 where /usr is merged.
+    names = tuple(dict.fromkeys((os.path.normpath(path), real)))
+    refusal = (f"{path} is a system directory; it would become writable in the sandbox "
+               "(use a project directory, e.g. one made with mktemp -d)")
+    for name in names:
+        if name == "/" or any(under(name, tree) for tree in _SYSTEM_TREES) and not any(
+                under(name, scratch) and name != scratch for scratch in _SCRATCH_UNDER_SYSTEM):
+            return refusal
+        if _credential_dir(name, home):
+            return (f"{path} is a credentials directory (.ssh, .gnupg) or lies in one; it would become writable "
+                    "in the sandbox (use a project directory)")
     if home and real == os.path.realpath(home):
         return None
-    # Both spellings: /lib64 resolves to /usr/lib64 where /usr is merged.
-    names = {os.path.normpath(path), real}
-    if names & _SYSTEM_DIRS or any(under(n, d) for n in names for d in _PSEUDO_FS):
-        return (f"{path} is a system directory; it would become writable in the sandbox "
-                "(use a project directory, e.g. one made with mktemp -d)")
+    if set(names) & _SYSTEM_DIRS:
+        return refusal
     return None
+
+
+def _credential_dir(path: str, home: str | None) -> bool:
+    """True if ``path`` is at or below ``.ssh`` or ``.gnupg`` of ``home`` (as written and
+    resolved), of ``/root`` or of a directory directly under ``/home``."""
+    homes = {"/root"} | ({home, os.path.realpath(home)} if home else set())
+    parts = path.split("/")
+    if len(parts) >= 4 and parts[1] == "home":
+        homes.add("/".join(parts[:3]))
+    return any(under(path, os.path.join(h, d)) for h in homes for d in _CREDENTIAL_DIRS)
 
 
 def visible_inside(path: str, permissions: Permissions) -> bool:
@@ -153,8 +193,16 @@ def bwrap_argv(
             none may lie in or contain a writable root, where its parent could be renamed away.
         bwrap: absolute path of bwrap; default :func:`find_bwrap`.
         hidden: absolute paths of files that must not be reachable inside (a policy service's
-            socket, a token file): each existing one is covered by ``/dev/null``, mounted last,
-            so that connect(2) on a socket there is refused and a read gets nothing.
+            socket, a token file), joined to ``permissions.hidden_paths``; each is hidden as
+            :func:`hiding` says, after every bind: its directory masked by an empty tmpfs (a file
+            put there later, a re-created socket, stays out of sight), else the file itself covered
+            by ``/dev/null`` (connect(2) on a socket there is refused, a read gets nothing).
+
+    ``permissions.protected_paths`` and this execgate's own package (:func:`own_package_dirs`)
+    are bound read-only right after the writable roots wherever a writable root holds them, each
+    directory between that root and them bound onto itself first (a mount point cannot be renamed:
+    ``EBUSY``), so that the session can neither write them nor move them away and put others in
+    their place (:func:`_protect`).
 
     Returns:
         ``[bwrap, flags…, "--"]``: append the command's argv to it.
@@ -186,17 +234,114 @@ def bwrap_argv(
         argv += ["--ro-bind-try", root, root]
     for root in permissions.writable_roots:
         argv += ["--bind-try", root, root]
+    argv += _protect((*permissions.protected_paths, *own_package_dirs()), permissions.writable_roots)
     for bind in extra_binds:
         argv += ["--ro-bind", bind, bind]
-    for path in hidden:
-        # Only what exists (a missing path would be created as a mount point by bwrap); a
-        # non-directory only: /dev/null cannot cover a directory.
-        if os.path.isabs(path) and os.path.lexists(path) and not os.path.isdir(path):
-            argv += ["--ro-bind", "/dev/null", path]
+    masks, covers = hiding(permissions, cwd=cwd, extra_binds=extra_binds, hidden=hidden)
+    for directory in masks:
+        argv += ["--tmpfs", directory]
+    for path in covers:
+        argv += ["--ro-bind", "/dev/null", path]
     if not permissions.network:
         argv.append("--unshare-net")
     argv += ["--chdir", cwd, "--"]
     return argv
+
+
+def own_package_dirs() -> tuple[str, ...]:
+    """The directory of the installed ``execgate`` package this process runs (resolved, absolute;
+    a one-item tuple): its Python sources, the native wrapper, preload shim, seccomp launcher and
+    containment helper (:mod:`execgate.wrapper.artifacts`) and the shipped rules, all of which
+    run or are read outside the sandbox."""
+    return (os.path.dirname(os.path.dirname(os.path.realpath(__file__))),)
+
+
+def running_python() -> tuple[str, ...]:
+    """The Python installation this process runs (``sys.prefix``: a virtualenv, or the
+    interpreter's own prefix), as written and resolved. Its packages and ``.pth`` files run,
+    outside the sandbox, every time execgate starts: where it lies in a writable root it is
+    protected like :func:`own_package_dirs`."""
+    return tuple(dict.fromkeys((sys.prefix, os.path.realpath(sys.prefix))))
+
+
+def _protect(paths: Sequence[str], writable_roots: Sequence[str]) -> list[str]:
+    """bwrap arguments that keep each existing absolute path of ``paths`` read-only where a
+    writable root holds it (as written or resolved: the path is then reached through that root).
+
+    Each directory strictly between the root and the path is bound onto itself first (read-write,
+    as it was): renaming a directory that holds a mount point works, renaming a mount point does
+    not (``EBUSY``), so ``mv .venv .old && mkdir -p .venv/…`` cannot put other files where the
+    protected ones were. A path outside every writable root is read-only already: nothing is added.
+    """
+    argv: list[str] = []
+    seen: set[str] = set()
+    for given in dict.fromkeys(paths):
+        if not os.path.isabs(given) or not os.path.lexists(given):
+            continue
+        real = os.path.realpath(given)
+        for root in writable_roots:
+            for spelled in dict.fromkeys((os.path.normpath(root), os.path.realpath(root))):
+                target = next((p for p in (os.path.normpath(given), real) if under(p, spelled)), None)
+                if target is None:
+                    continue
+                inside = os.path.normpath(os.path.join(root, os.path.relpath(target, spelled)))
+                rel = os.path.relpath(inside, root)
+                parts = [] if rel == "." else rel.split("/")[:-1]
+                current = os.path.normpath(root)
+                for part in parts:
+                    current = os.path.join(current, part)
+                    if current not in seen:
+                        seen.add(current)
+                        argv += ["--bind", current, current]
+                if inside not in seen:
+                    seen.add(inside)
+                    argv += ["--ro-bind", inside, inside]
+                break
+    return argv
+
+
+def hiding(
+    permissions: Permissions, *, cwd: str, extra_binds: Sequence[str] = (), hidden: Sequence[str] = ()
+) -> tuple[list[str], list[str]]:
+    """How :func:`bwrap_argv` hides ``permissions.hidden_paths`` and ``hidden`` (absolute paths;
+    each taken as written and resolved).
+
+    Returns:
+        ``(masked, covered)``: directories replaced by an empty tmpfs, and files covered by
+        ``/dev/null``. A file's directory is masked when that is safe: it exists, is no system
+        directory (``/``, ``/etc``, ``/var``, ``/home``, …, anything under ``/proc``, ``/sys``,
+        ``/dev``, ``/run``), lies in no writable root (the session could rename it, and the file
+        lives where the session writes anyway) and holds no root, extra bind or ``cwd`` (they
+        would vanish). A file in a masked directory that no root shows needs nothing. Else the
+        file itself is covered, if it exists (bwrap would make a missing one as a mount point)
+        and is no directory: then a file put in its place on the host during the session
+        (``mv token.new token``, a restarted service's new socket) is visible inside
+        (:meth:`ShellSandbox.start_warnings`).
+    """
+    writable = [p for r in permissions.writable_roots for p in (os.path.normpath(r), os.path.realpath(r))]
+    # What shows inside (roots, binds), and with the start directory what a mask must not hide.
+    shown = [p for r in (*permissions.writable_roots, *permissions.readable_roots, *permissions.protected_paths,
+                         *own_package_dirs(), *extra_binds) if os.path.isabs(r)
+             for p in (os.path.normpath(r), os.path.realpath(r))]
+    keep = [*shown, *((os.path.normpath(cwd), os.path.realpath(cwd)) if os.path.isabs(cwd) else ())]
+    masked: dict[str, None] = {}
+    covered: dict[str, None] = {}
+    for given in (*permissions.hidden_paths, *hidden):
+        if not os.path.isabs(given):
+            continue
+        for path in dict.fromkeys((os.path.normpath(given), os.path.realpath(given))):
+            directory = os.path.dirname(path)
+            if (os.path.isdir(directory) and directory not in _SYSTEM_DIRS
+                    and not any(under(directory, m) for m in _PSEUDO_FS)
+                    and not any(under(directory, w) for w in writable)
+                    and not any(under(k, directory) for k in keep)):
+                masked[directory] = None
+            elif any(under(path, m) for m in permissions.masked_dirs) and not any(under(path, k) for k in shown):
+                continue  # in a masked directory (the real HOME) that no root shows: out of sight already
+            elif os.path.lexists(path) and not os.path.isdir(path):
+                covered[path] = None
+    # A file in a masked directory needs no cover of its own.
+    return list(masked), [c for c in covered if not any(under(c, m) for m in masked)]
 
 
 def _private_run() -> list[str]:
@@ -243,9 +388,11 @@ class ShellSandbox:
             (None when unconfined).
         note: one line saying what was chosen and why, for the user.
         bwrap: the absolute bwrap used.
-        hidden: files covered inside the sandbox (see :func:`bwrap_argv`): a remote policy
+        hidden: files hidden inside the sandbox (see :func:`bwrap_argv`): a remote policy
             service's Unix socket and the token and key files of ``execgate run``, so that the
-            session cannot reach the decision endpoint with them.
+            session cannot reach the decision endpoint with them. ``permissions.hidden_paths``
+            holds them too: the profile sent with every request, whence every sandboxed
+            escalation hides them as well.
     """
 
     mode: Literal["bwrap", "none"]
@@ -267,6 +414,27 @@ class ShellSandbox:
         return bwrap_argv(self.permissions, cwd=cwd, extra_binds=extra_binds, bwrap=self.bwrap,
                           hidden=self.hidden) + list(shell_argv)
 
+    def start_warnings(self, cwd: str, prefix: str = sys.prefix) -> list[str]:
+        """Lines to print at start (empty without a sandbox): one per hidden file that only a
+        file cover hides (:func:`hiding`; the shell starting in ``cwd``), since a file put in its
+        place on the host during the session would be visible inside; and one if ``prefix``
+        (the Python installation running execgate, a virtualenv) lies in a writable root: its
+        ``execgate`` package is kept read-only, the rest of it (other packages, ``.pth`` files,
+        the interpreter) is not, and runs outside the sandbox the next time it is used."""
+        if self.mode == "none" or self.permissions is None:
+            return []
+        _, covered = hiding(self.permissions, cwd=cwd, hidden=self.hidden)
+        lines = [f"{path} is hidden in the sandbox by a cover on that file only (its directory lies in a writable "
+                "root, holds one, or is a system directory): replacing the file on the host during the session "
+                "(mv, a restarted service's new socket) would make the new one visible; keep it in a directory "
+                "of its own outside the working directory" for path in covered]
+        if any(under(p, r) for p in {prefix, os.path.realpath(prefix)} for r in self.permissions.writable_roots):
+            lines.append(f"the Python installation running execgate, {prefix}, lies in a writable root: it is kept "
+                         "read-only in the session (code put there would run outside the sandbox the next time "
+                         "execgate runs), so pip cannot install into it there; give the project a virtualenv of "
+                         "its own, or install execgate outside the working directory")
+        return lines
+
 
 def choose_sandbox(
     mode: SandboxMode,
@@ -283,8 +451,10 @@ def choose_sandbox(
     must stay visible even under the private ``/tmp`` or a masked directory (execgate's own
     install prefix, the wrapper, the preload shim: a virtualenv may live under /tmp).
     ``bwrap_dirs``: where bwrap is looked for (:func:`find_bwrap`). ``hidden``: files covered
-    inside (see :class:`ShellSandbox`). A private HOME is added by
-    :func:`execgate.server.home.with_home`.
+    inside (see :class:`ShellSandbox`), carried in the profile's ``hidden_paths``; the profile's
+    ``protected_paths`` name execgate's own package (:func:`own_package_dirs`) and the Python
+    installation running it (:func:`running_python`). A private HOME is
+    added by :func:`execgate.server.home.with_home`.
 
     Raises:
         SandboxError: ``bwrap`` was asked for and cannot run here; or a bwrap sandbox (``auto``
@@ -304,8 +474,9 @@ def choose_sandbox(
         if (why := unsafe_workdir(root, home)) is not None:
             raise SandboxError(why)
     seen = tuple(dict.fromkeys(os.path.abspath(r) for r in readable if os.path.abspath(r) not in roots))
-    perms = Permissions(network=False, writable_roots=roots, readable_roots=seen)
+    covered = tuple(dict.fromkeys(os.path.abspath(h) for h in hidden))
+    perms = Permissions(network=False, writable_roots=roots, readable_roots=seen, hidden_paths=covered,
+                        protected_paths=(*own_package_dirs(), *running_python()))
     chosen = "bwrap" if mode == "bwrap" else "bwrap (auto: bubblewrap works here)"
     note = f"sandbox: {chosen}; read-only root, writable {', '.join(roots)} and a private /tmp, no network"
-    covered = tuple(dict.fromkeys(os.path.abspath(h) for h in hidden))
     return ShellSandbox("bwrap", perms, note, bwrap=find_bwrap(bwrap_dirs), hidden=covered)

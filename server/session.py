@@ -309,8 +309,8 @@ class Session:
             on_run = lambda program, argv, ident: backstop.expect(caller, program, argv, ident)  # noqa: E731
         coverage = self.coverage
 
-        async def learn_facts(program: str, fd: int | None) -> ExecFacts:
-            return await learn(pid, program, coverage, uid=uid, fd=fd)
+        async def learn_facts(program: str, fd: int | None, path: str) -> ExecFacts:
+            return await learn(pid, program, coverage, uid=uid, fd=fd, path=path)
 
         def release() -> None:
             nonlocal held

@@ -5,7 +5,8 @@ The session gets a private writable HOME and the real one is masked: a key in th
 ``.ssh`` can be read neither by the shell (by absolute path, through ``$HOME``, or through
 ``/proc/self/root``) nor by a command the default rules escalate with network (``git fetch
 --upload-pack`` runs a shell command of the caller's choice). ``--home real`` is the control: the
-same probes read the key there, so the probes do work.
+same probes read the key there, so the probes do work. A working directory that is the real HOME
+or an ancestor of it would be bound writable over the mask: refused unless ``--home real``.
 """
 
 from __future__ import annotations
@@ -79,3 +80,49 @@ def test_home_real_control_reads_the_key(attacker, real_home):
     out = done.stdout + done.stderr
     assert "abs=0" in done.stdout and "home=0" in done.stdout and "proc-root=0" in done.stdout, out
     assert "fetch-leaks=1" in done.stdout, out  # the escalated git (default rule git-network) read it too
+
+
+def _private_homes(uid: int) -> set[str]:
+    """The private HOMEs (``/tmp/execgate-home-*``) owned by ``uid`` now."""
+    found = set()
+    for name in os.listdir("/tmp"):
+        try:
+            if name.startswith("execgate-home-") and os.stat(os.path.join("/tmp", name)).st_uid == uid:
+                found.add(name)
+        except FileNotFoundError:
+            pass
+    return found
+
+
+def test_workdir_at_or_above_the_real_home_is_refused(attacker):
+    # HOME is a stand-in under /var/tmp (so that an ancestor of it is no system directory).
+    top = Path(tempfile.mkdtemp(prefix="eg-homeup-", dir="/var/tmp"))
+    try:
+        home = top / "users" / attacker.name
+        (home / ".ssh").mkdir(parents=True)
+        (home / "project").mkdir()
+        token = f"PRIVATE-{uuid.uuid4().hex}"
+        (home / ".ssh" / "id_eg").write_text(token + "\n")
+        for dirpath, dirnames, filenames in os.walk(top):
+            for name in (dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)):
+                os.chown(name, attacker.uid, attacker.gid)
+        script = f"cat {home}/.ssh/id_eg; touch {home}/pwned; echo ran"
+        homes_before = _private_homes(attacker.uid)
+        for cwd in (home, top / "users", top):
+            done = attacker.execgate("run", "-q", "--sandbox", "bwrap", "--cwd", str(cwd), "--", script,
+                                     cwd=attacker.workdir(), env={"HOME": str(home)})
+            out = done.stdout + done.stderr
+            assert done.returncode == 2 and "--home real" in done.stderr, out
+            assert len(done.stderr.strip().splitlines()) == 1, out  # one clear line
+            assert "ran" not in done.stdout and token not in out and not (home / "pwned").exists(), out
+        assert _private_homes(attacker.uid) <= homes_before  # the refused runs left no private HOME behind
+        # A project below HOME is fine, the real HOME still hidden; --home real works there on purpose.
+        done = attacker.execgate("run", "-q", "--sandbox", "bwrap", "--cwd", str(home / "project"), "--", script,
+                                 cwd=attacker.workdir(), env={"HOME": str(home)})
+        assert "ran" in done.stdout and token not in done.stdout + done.stderr, done.stdout + done.stderr
+        assert not (home / "pwned").exists()
+        done = attacker.execgate("run", "-q", "--sandbox", "bwrap", "--home", "real", "--cwd", str(home), "--",
+                                 "pwd", cwd=attacker.workdir(), env={"HOME": str(home)})
+        assert done.returncode == 0 and done.stdout.strip() == str(home), done.stderr
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

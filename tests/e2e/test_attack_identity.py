@@ -44,13 +44,29 @@ justification = "a trusted git may run outside the sandbox"
 """
 
 
-def _run(attacker: Attacker, rules: str, script: str, cwd: Path | None = None) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
-    """``execgate run`` of ``script`` with ``rules``; returns the result and the audit records."""
+#: ``--seccomp`` of every session of the running test (set by the ``interception`` fixture).
+_SECCOMP = ["on"]
+
+
+@pytest.fixture(autouse=True, params=["on", "off"], ids=["backstop", "shim-only"])
+def interception(request):
+    """Every identity attack runs with the seccomp backstop on and off: the identity mechanism
+    (the wrapper's fd, the server's walk in the caller's view) must hold on its own, not only
+    because the backstop re-checks the exec."""
+    _SECCOMP[0] = request.param
+    return request.param
+
+
+def _run(attacker: Attacker, rules: str, script: str,
+         cwd: Path | None = None) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
+    """``execgate run`` of ``script`` with ``rules`` (``--seccomp`` as the ``interception``
+    fixture says); returns the result and the audit records."""
     work = cwd or attacker.workdir()
     rules_file = attacker.workdir() / "rules.toml"
     rules_file.write_text(rules)
     audit = attacker.workdir() / "audit.jsonl"
-    done = attacker.execgate("run", "-q", "--sandbox", "bwrap", "--rules", str(rules_file),
+    done = attacker.execgate("run", "-q", "--sandbox", "bwrap", "--seccomp", _SECCOMP[0],
+                             "--rules", str(rules_file),
                              "--audit-log", str(audit), "--cwd", str(work), "--", script, cwd=work)
     records = [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
     return done, records
@@ -107,11 +123,12 @@ def test_copy_under_private_dev_borrows_no_escalation(attacker: Attacker) -> Non
 
 @pytest.fixture
 def root_owned_workdir(attacker: Attacker):
-    """A working directory whose whole chain is root-owned and 0755 (``/var/lib/eg-atk-*``), and a
+    """A working directory whose whole chain is root-owned and 0755 (``/srv/eg-atk-*``: /srv is
+    root-owned and, unlike /var/lib, not a system directory a session may not work in), and a
     root-owned directory outside every session root where only an unconfined process can write."""
     assert attacker.is_root, "the root-owned working directory route is a root session's"
-    work = Path(tempfile.mkdtemp(prefix="eg-atk-", dir="/var/lib"))
-    outside = Path(tempfile.mkdtemp(prefix="eg-out-", dir="/var/lib"))
+    work = Path(tempfile.mkdtemp(prefix="eg-atk-", dir="/srv"))
+    outside = Path(tempfile.mkdtemp(prefix="eg-out-", dir="/srv"))
     work.chmod(0o755)
     outside.chmod(0o755)
     try:
@@ -136,6 +153,7 @@ def test_dot_git_in_root_owned_workdir_borrows_no_escalation(attacker: Attacker,
     assert "ran-somewhere" in done.stdout, out
 
 
+@pytest.mark.parametrize("interception", ["on"], indirect=True)  # the backstop's own behaviour
 def test_backstop_sees_the_wrappers_fd_exec_as_the_approved_one(attacker: Attacker) -> None:
     """With the seccomp backstop on, the wrapper's ``execveat(fd, "", AT_EMPTY_PATH)`` of an
     approved file continues undecided: one audit line per exec, none for ``/proc/PID/fd/N``."""

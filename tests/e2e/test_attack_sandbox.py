@@ -9,7 +9,9 @@ unprivileged user: ``execgate run --sandbox bwrap`` as a subprocess, real bubble
 * an escalated sandbox never sees the host's ``/proc`` or ``/tmp`` through the caller's working
   directory; a working directory in the session's private ``/tmp`` is refused with a clear message;
   ``execgate run`` refuses a system directory as its working directory;
-* the fallback socket cannot be replaced by a fake server from inside the sandbox.
+* the fallback socket cannot be replaced by a fake server from inside the sandbox;
+* execgate's own package, installed inside the working directory, stays read-only (and in place)
+  in the session's sandbox and in an escalated one: it runs outside the sandbox later.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from execgate.server.sandbox import bwrap_usable
+from execgate.server.sandbox import bwrap_usable, own_package_dirs
 
 pytestmark = pytest.mark.skipif(bwrap_usable() is not None, reason=f"bwrap unusable: {bwrap_usable()}")
 
@@ -247,23 +249,115 @@ def test_escalation_from_a_private_tmp_directory_says_so(attacker, outside):
     assert "from-root-ok" in done.stdout, done.stderr  # control: from the session's root it runs
 
 
-@pytest.mark.parametrize("system_dir", ["/", "/tmp", "/proc", "/etc"])
+@pytest.mark.parametrize("system_dir", [
+    "/", "/tmp", "/proc", "/etc", "/var/tmp", "/etc/cron.d", "/usr/local/bin", "/usr/lib", "/var/lib",
+    "/var/cache", "/usr/share/doc", "/var/log", "~/.ssh", "~/.gnupg",
+])
 def test_system_directory_is_never_the_working_directory(attacker, system_dir):
+    made = None
+    if system_dir.startswith("~/"):  # the attacker's own credentials directory, made if missing
+        path = Path(attacker.home) / system_dir[2:]
+        if not path.exists():
+            path.mkdir(mode=0o700)
+            os.chown(path, attacker.uid, attacker.gid)
+            made = path
+        system_dir = str(path)
+    if not os.path.isdir(system_dir):
+        pytest.skip(f"{system_dir} does not exist here")
     pwned = Path(system_dir) / f"eg-pwned-{uuid.uuid4().hex[:8]}"
     try:
         done = attacker.execgate("run", "--sandbox", "bwrap", "--cwd", system_dir, "--",
                                  f"touch {pwned}; echo ran", cwd=attacker.workdir())
-        assert done.returncode == 2 and "system directory" in done.stderr, done.stdout + done.stderr
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "system directory" in done.stderr or "credentials directory" in done.stderr, done.stderr
         assert "ran" not in done.stdout and not pwned.exists()
     finally:
         if system_dir != "/proc":
             pwned.unlink(missing_ok=True)
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
 
 
 def test_home_is_a_working_directory(attacker):
-    done = attacker.execgate("run", "-q", "--sandbox", "bwrap", "--cwd", attacker.home, "--", "pwd",
-                             cwd=attacker.workdir())
+    # With --home real (the default private HOME refuses it: test_attack_home.py).
+    done = attacker.execgate("run", "-q", "--sandbox", "bwrap", "--home", "real", "--cwd", attacker.home, "--",
+                             "pwd", cwd=attacker.workdir())
     assert done.returncode == 0 and done.stdout.strip() == attacker.home, done.stderr
+
+
+# ------------------------------------------------------------------ execgate's own install
+
+#: Run in a session whose working directory holds the execgate package that runs it (``site``).
+_TAMPER = """
+P=site/execgate
+echo pwned 2>/dev/null >> $P/policy_service/rules/default.toml; echo rules=$?
+echo pwned 2>/dev/null >> $P/wrapper/execgate-wrapper-native; echo wrapper=$?
+echo pwned 2>/dev/null >> $P/wrapper/libexecgate_preload.so; echo shim=$?
+echo 'raise SystemExit' 2>/dev/null >> $P/server/cli.py; echo source=$?
+mv $P $P.old 2>/dev/null; echo mv-pkg=$?
+mv site site.old 2>/dev/null && mkdir -p $P; echo mv-site=$?
+touch made-in-workdir; echo control=$?
+dash -c 'echo pwned 2>/dev/null >> site/execgate/server/sandbox.py; echo escalated=$?; mv site site.old2 2>/dev/null; echo escalated-mv=$?'
+"""
+
+
+def test_execgate_install_in_the_working_directory_stays_read_only(attacker, outside):
+    # `execgate run --cwd /work/proj` where execgate is installed in /work/proj/.venv: the session
+    # must not rewrite what runs outside the sandbox next time (the native wrapper, the preload
+    # shim, the Python sources, the shipped rules). A copy of the installed package, owned by the
+    # attacker, is imported first (PYTHONPATH) and lies inside the working directory.
+    rules = _rules(outside, ESCALATE_DASH)
+    top = Path(tempfile.mkdtemp(prefix="eg-inst-", dir="/var/tmp"))
+    try:
+        package = top / "site" / "execgate"
+        shutil.copytree(own_package_dirs()[0], package, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+        for dirpath, dirnames, filenames in os.walk(top):
+            for name in (dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)):
+                os.lchown(name, attacker.uid, attacker.gid)
+        watched = ["policy_service/rules/default.toml", "wrapper/execgate-wrapper-native",
+                   "wrapper/libexecgate_preload.so", "server/cli.py", "server/sandbox.py"]
+        before = {name: (package / name).read_bytes() for name in watched}
+        probe = attacker.execgate("run", "-q", "--sandbox", "bwrap", "--cwd", str(top), "--", "true",
+                                  cwd=top, env={"PYTHONPATH": str(top / "site")})
+        assert probe.returncode == 0, probe.stderr
+        done = attacker.execgate("run", "-q", "--sandbox", "bwrap", "--cwd", str(top), "--rules", str(rules), "--",
+                                 _TAMPER, cwd=top, env={"PYTHONPATH": str(top / "site")})
+        out = done.stdout + done.stderr
+        assert "control=0" in done.stdout and "escalated=" in done.stdout, out
+        for step in ("rules", "wrapper", "shim", "source", "mv-pkg", "mv-site", "escalated", "escalated-mv"):
+            assert f"{step}=" in done.stdout and f"{step}=0" not in done.stdout, out
+        assert sorted(os.listdir(top)) == ["made-in-workdir", "site"], out
+        assert {name: (package / name).read_bytes() for name in watched} == before, out
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_the_virtualenv_running_execgate_in_the_working_directory_stays_read_only(attacker):
+    # The virtualenv that runs execgate lies in the working directory: a .pth file (or a package)
+    # the session put there would run outside the sandbox, as the user, the next time execgate
+    # starts. The venv (made here, its site-packages pointing at the installed execgate through a
+    # .pth of our own) is kept read-only in the session; the rest of the workdir stays writable.
+    top = Path(tempfile.mkdtemp(prefix="eg-venv-", dir="/var/tmp"))
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(top / ".venv")], check=True)
+        site = next((top / ".venv" / "lib").glob("python3*/site-packages"))
+        (site / "execgate-under-test.pth").write_text(os.path.dirname(own_package_dirs()[0]) + "\n")
+        for dirpath, dirnames, filenames in os.walk(top):
+            for name in (dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)):
+                os.lchown(name, attacker.uid, attacker.gid)
+        python = str(top / ".venv" / "bin" / "python")
+        script = (f"echo 'import os; os.system(\"touch {top}/pwned\")' > {site}/evil.pth; echo pth=$?; "
+                  f"mv {top}/.venv {top}/old; echo mv=$?; touch made; echo control=$?")
+        done = attacker.run([python, "-m", "execgate.server.cli", "run", "--sandbox", "bwrap", "--cwd", str(top),
+                             "--", script], cwd=top)
+        out = done.stdout + done.stderr
+        assert "control=0" in done.stdout, out
+        assert "pth=" in done.stdout and "pth=0" not in done.stdout, out
+        assert "mv=" in done.stdout and "mv=0" not in done.stdout, out
+        assert not (site / "evil.pth").exists() and not (top / "pwned").exists(), out
+        assert "it is kept read-only in the session" in done.stderr, out
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
 
 # ------------------------------------------------------------------ 7: the fallback socket

@@ -9,6 +9,7 @@ gcc -m32, go) or is a stock one (busybox-static, the dynamic loader, Python ctyp
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -382,3 +383,106 @@ def test_an_approval_covers_exactly_the_approved_argv(attacker, second):
     else:
         assert done.stdout.endswith("approved\n"), done.stdout + done.stderr
         assert echoes == [(["echo", "approved"], "run")]  # decided once
+
+
+#: Routes that name a file by a path the server once resolved differently from the kernel
+#: (found by review, 2026-12-01): case id → shell lines run in the working directory, which set
+#: up the route and exec ``{target}`` through it with a static raw execve (``{run}``).
+MISNAMED = {
+    # ``d/..`` is ``sub`` (d's target's parent) for the kernel, the workdir lexically.
+    "symlink-dotdot": "mkdir -p sub/deeper; ln -s sub/deeper d; ln -s {target} sub/alias; {run} ./d/../alias",
+    # The caller's own open files, by the names /proc/self/fd and /dev/fd give them.
+    "proc-self-fd": "{run} /proc/self/fd/3 3<{target}",
+    "dev-fd": "{run} /dev/fd/3 3<{target}",
+    "proc-thread-self-fd": "{run} /proc/thread-self/fd/3 3<{target}",
+}
+
+
+@pytest.mark.parametrize("case", list(MISNAMED))
+def test_a_path_the_kernel_resolves_otherwise_is_judged_as_the_kernel_runs_it(attacker, programs, case):
+    """The backstop identifies the file the kernel will run (a walk of the path as named, in the
+    caller's view), never the lexically normalised path: the denied marker reached through a
+    symlink and ``..``, or through /proc/self/fd/N and /dev/fd/N, is denied by its own name; the
+    same route to an allowed program still runs it, decided once."""
+    work = attacker.workdir()
+    shutil.copytree(programs, work / "bin", ignore=shutil.ignore_patterns("*.c", "*.go"))
+    marker = attacker.marker_program(work / "bin", MARKER)
+    (work / "rules.toml").write_text(RULES)
+    audit = work / "audit.jsonl"
+    run = f"{work}/bin/execit-static"
+    script = (f"mkdir denied allowed; cd denied; {MISNAMED[case].format(run=run, target=marker)}; "
+              f"echo denied-status=$?; cd ../allowed; {MISNAMED[case].format(run=run, target='/usr/bin/id')}; "
+              "echo allowed-status=$?")
+    done = attacker.execgate("run", "--rules", str(work / "rules.toml"), "--audit-log", str(audit), "--",
+                             script, cwd=work)
+    assert not attacker.marker_ran(MARKER), done.stdout + done.stderr
+    assert f"Execution denied: {REASON}" in done.stderr, done.stderr
+    assert "denied-status=126" in done.stdout
+    assert f"\nuid={attacker.uid}(" in done.stdout and "allowed-status=0" in done.stdout, done.stdout + done.stderr
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert [r["decision"] for r in records if r["rule_id"] == "marker-deny"] == ["deny"]
+
+
+def test_the_wrapper_fast_path_is_only_for_the_wrapper_itself(attacker, programs):
+    """The wrapper's own exec continues undecided. A copy of the marker placed so that a path
+    through a symlink and ``..`` is lexically the wrapper's path (the kernel runs the copy) used to
+    pass as the wrapper, undecided and unaudited: it is decided now (an audit line names it)."""
+    work = attacker.workdir()
+    shutil.copytree(programs, work / "bin", ignore=shutil.ignore_patterns("*.c", "*.go"))
+    marker = attacker.marker_program(work / "bin", MARKER)
+    (work / "rules.toml").write_text(RULES)
+    audit = work / "audit.jsonl"
+    depth = len(work.parts)  # components of work/dd: that many ".." reach "/" lexically
+    chain = "/".join(f"k{i}" for i in range(depth))
+    dots = "/.." * depth
+    script = (f'mkdir -p {chain} "$PWD$(dirname "$EXEC_WRAPPER")"; ln -s {chain} dd; '
+              f'cp {marker} "$PWD$EXEC_WRAPPER"; '
+              f'{work}/bin/execit-static "$PWD/dd{dots}$EXEC_WRAPPER"; echo status=$?; echo "wrapper=$EXEC_WRAPPER"')
+    done = attacker.execgate("run", "--rules", str(work / "rules.toml"), "--audit-log", str(audit), "--",
+                             script, cwd=work)
+    wrapper = next(line[len("wrapper="):] for line in done.stdout.splitlines() if line.startswith("wrapper="))
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert [r["program"] for r in records if r["program"] == wrapper] == [wrapper], done.stdout + done.stderr
+
+
+def test_a_path_through_proc_is_refused_undecided(attacker, programs):
+    """An absolute symlink to ``/proc/self/cwd/...`` names, for the caller, a file relative to its
+    own cwd; resolved through ``/proc/PID/root`` in the server it named the server's (the
+    wrapper, undecided). Such a path cannot be identified in the caller's view: refused."""
+    work = attacker.workdir()
+    shutil.copytree(programs, work / "bin", ignore=shutil.ignore_patterns("*.c", "*.go"))
+    marker = attacker.marker_program(work / "bin", MARKER)
+    script = (f'mkdir P; ln -s "$EXEC_WRAPPER" wl; ln -s {marker} P/wl; ln -s /proc/self/cwd/wl s; '
+              f'cd P; {work}/bin/execit-static {work}/s; echo status=$?')
+    done = attacker.execgate("run", "--", script, cwd=work)
+    assert not attacker.marker_ran(MARKER), done.stdout + done.stderr
+    assert "status=126" in done.stdout
+    assert "cannot be identified" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("route", ["shim", "backstop"])
+def test_a_rule_naming_an_absolute_path_needs_that_very_file(attacker, programs, route):
+    """``B/d2/../../…/usr/bin/id`` is lexically ``/usr/bin/id`` (a rule lets exactly that run
+    under ``default = "deny"``), but the kernel follows ``d2`` and runs ``B/usr/bin/id``, a copy of
+    the marker: the absolute-path rule applies only when the path as named is the file that runs."""
+    work = attacker.workdir()
+    shutil.copytree(programs, work / "bin", ignore=shutil.ignore_patterns("*.c", "*.go"))
+    marker = attacker.marker_program(work / "bin", MARKER)
+    base = work / "B"
+    depth = len(base.parts)  # B/d2 has depth components: that many ".." reach "/" lexically
+    chain = base.joinpath(*[f"c{i}" for i in range(depth)])
+    chain.mkdir(parents=True)
+    (base / "d2").symlink_to(chain.relative_to(base))
+    (base / "usr/bin").mkdir(parents=True)
+    shutil.copy(marker, base / "usr/bin/id")
+    named = f"{base}/d2" + "/.." * depth + "/usr/bin/id"
+    assert os.path.normpath(named) == "/usr/bin/id"
+    rules = work / "rules.toml"
+    rules.write_text('default = "deny"\n\n[[rule]]\nid = "id-only"\nprogram = "/usr/bin/id"\ndecision = "run"\n\n'
+                     f'[[rule]]\nid = "execit"\nprogram = "{work}/bin/execit-static"\ndecision = "run"\n')
+    prefix = "" if route == "shim" else f"{work}/bin/execit-static "
+    done = attacker.execgate("run", "--rules", str(rules), "--", f"{prefix}{named}; {prefix}/usr/bin/id -u",
+                             cwd=work)
+    assert not attacker.marker_ran(MARKER), done.stdout + done.stderr
+    assert "Execution denied" in done.stderr and "is not the one at that path" in done.stderr, done.stderr
+    assert done.stdout == f"{attacker.uid}\n", done.stdout + done.stderr  # the real /usr/bin/id still runs

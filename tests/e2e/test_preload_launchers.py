@@ -76,6 +76,10 @@ def _check(gate: Gate, stdout: str, stderr: str, denied_status: int) -> None:
     assert f"{ALLOWED_OUTPUT} x" in stdout, (stdout, stderr)
     names = [p.rsplit("/", 1)[-1] for p in gate.policy.programs()]
     assert DENIED in names and ALLOWED in names
+    # Decided once per exec, with the backstop on too: one decision per run of the allowed
+    # program (each prints its line) and per denial (each prints its reason).
+    assert names.count(ALLOWED) == stdout.count(f"{ALLOWED_OUTPUT} x"), (names, stdout)
+    assert names.count(DENIED) == stderr.count(f"Execution denied: {DENY_REASON}"), (names, stderr)
 
 
 @pytest.mark.parametrize(("shell", "script", "status"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from attack_support import attacker  # noqa: F401  (fixture)
 from run_support import CLI
 
 pytestmark = pytest.mark.e2e
@@ -73,17 +74,25 @@ def _vm_hwm_kib(pid: int) -> int:
     return 0
 
 
-def run_measured(*args: str, stdout_reader=None, timeout_s: float = 120) -> Finished:
+def run_measured(*args: str, stdout_reader=None, timeout_s: float = 120, attacker=None) -> Finished:
     """Run ``execgate run -q ARGS…`` and measure its peak RSS.
 
     ``stdout_reader(pipe) -> bytes`` consumes its stdout in a thread (default: read it all; a
     reader that returns without reading leaves the pipe open and unread until the process is
     gone). Fails the test if the process does not exit within ``timeout_s`` (it is killed).
+    ``attacker`` (tests/attack_support.py): run it as that account, in its working directory.
     """
+    argv = [sys.executable, "-c", LAUNCHER, "{fd}", *CLI, "run", "-q", *args]
+    return _measured(argv, stdout_reader, timeout_s, attacker)
+
+
+def _measured(argv: list[str], stdout_reader, timeout_s: float, attacker) -> Finished:
     report_r, report_w = os.pipe()
     with open(os.devnull, "rb") as null, tempfile.TemporaryFile("w+") as err, os.fdopen(report_r, "rb") as report:
-        proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(report_w), *CLI, "run", "-q", *args],
-                                stdin=null, stdout=subprocess.PIPE, stderr=err, pass_fds=[report_w])
+        argv = [str(report_w) if a == "{fd}" else a for a in argv]
+        where = {} if attacker is None else {"cwd": attacker.workdir(), "env": attacker.env()}
+        proc = subprocess.Popen(argv if attacker is None else attacker.command(argv), stdin=null,
+                                stdout=subprocess.PIPE, stderr=err, pass_fds=[report_w], **where)
         os.close(report_w)
         got: list[bytes] = []
         reader = threading.Thread(target=lambda: got.append((stdout_reader or (lambda p: p.read()))(proc.stdout)))
@@ -130,6 +139,14 @@ def test_streaming_a_gib_holds_none_of_it(tmp_path):
     done = run_measured("--sandbox", "none", "--cwd", str(tmp_path), "--",
                         f"head -c {GIB} /dev/zero | tr '\\0' x; echo done >&2", stdout_reader=_count_x)
     assert (done.status, done.stdout, done.stderr) == (0, f"{GIB} 0".encode(), "done\n")
+    assert done.peak_rss_kib < RSS_BOUND_KIB, f"execgate run peaked at {done.peak_rss_kib} KiB"
+
+
+def test_streaming_a_gib_in_bwrap_as_root_and_as_a_user_holds_none_of_it(attacker):
+    """The same bound with the default sandbox, as root and as an unprivileged account."""
+    done = run_measured("--sandbox", "bwrap", "--", f"head -c {GIB} /dev/zero | tr '\\0' x; echo done >&2",
+                        stdout_reader=_count_x, attacker=attacker)
+    assert (done.status, done.stdout, done.stderr) == (0, f"{GIB} 0".encode(), "done\n"), done.stderr
     assert done.peak_rss_kib < RSS_BOUND_KIB, f"execgate run peaked at {done.peak_rss_kib} KiB"
 
 

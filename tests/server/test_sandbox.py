@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +20,8 @@ from execgate.server.sandbox import (
     bwrap_usable,
     choose_sandbox,
     find_bwrap,
+    hiding,
+    own_package_dirs,
     unsafe_workdir,
 )
 
@@ -165,17 +170,25 @@ def test_start_dir_is_never_bound_by_itself(short_tmp):
     assert "/usr" not in argv[:argv.index("--chdir")]
 
 
-@pytest.mark.parametrize("path", ["/", "/tmp", "/proc", "/proc/1", "/dev/shm", "/run/user", "/sys", "/etc", "/usr", "/lib64"])
+@pytest.mark.parametrize("path", [
+    "/", "/tmp", "/var/tmp", "/proc", "/proc/1", "/dev/shm", "/run/user", "/sys", "/etc", "/usr", "/lib64",
+    "/etc/cron.d", "/usr/local/bin", "/usr/lib", "/usr/src/project", "/var", "/var/lib", "/var/spool/cron",
+    "/boot/grub", "/root/.ssh", "/home/x/.gnupg/private-keys-v1.d", "/srv", "/opt", "/home",
+])
 def test_system_dirs_are_not_workdirs(path):
     assert unsafe_workdir(path, home="/home/x") is not None
-    with pytest.raises(SandboxError, match="system directory"):
+    with pytest.raises(SandboxError, match="system directory|credentials directory"):
         choose_sandbox("bwrap", workdir=path)
 
 
 def test_home_and_project_dirs_are_workdirs(short_tmp):
     assert unsafe_workdir("/root", home="/root") is None
     assert unsafe_workdir(str(short_tmp), home="/root") is None
-    assert unsafe_workdir("/usr/src/project", home=None) is None
+    for project in ("/opt/project", "/srv/site", "/home/x/src", "/root/project", "/var/tmp/work", "/tmp/w"):
+        assert unsafe_workdir(project, home="/home/x") is None, project
+    # The user's HOME is allowed, never / or a system tree because HOME says so.
+    assert unsafe_workdir("/", home="/") is not None and unsafe_workdir("/var/lib/x", home="/var/lib/x") is not None
+    assert unsafe_workdir("/home/x/.ssh", home="/home/x/.ssh") is not None
 
 
 def test_spawn_refuses_a_relative_command():
@@ -195,3 +208,102 @@ def test_a_masked_dir_is_empty_but_roots_below_it_show(short_tmp):
     done = _run(bwrap_argv(perms, cwd=str(masked / "project")) + ["/bin/sh", "-c", script])
     assert done.stdout.split() == ["project", "hidden", "wrote"], done.stderr
     assert (masked / "project" / "ok").exists()
+
+
+def _var_tmp_dir() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="eg-hid-", dir="/var/tmp"))
+    path.chmod(0o755)
+    return path
+
+
+def test_a_hidden_file_stays_hidden_when_replaced_on_the_host(short_tmp):
+    # The directory of a hidden file is masked: a token renamed into place mid-session stays unseen.
+    secrets = _var_tmp_dir()
+    try:
+        token = secrets / "token"
+        token.write_text("old-token\n")
+        go = short_tmp / "go"
+        sandbox = choose_sandbox("bwrap", workdir=str(short_tmp), hidden=[str(token)])
+        assert sandbox.start_warnings(str(short_tmp), prefix="/nonexistent") == []
+        script = (f"cat {token}; echo before=$?; touch ready; while [ ! -e {go} ]; do sleep 0.05; done; "
+                  f"cat {token}; echo after=$?; ls -A {secrets} | wc -l")
+        proc = subprocess.Popen(sandbox.launch_argv(["/bin/sh", "-c", script], cwd=str(short_tmp)),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(short_tmp))
+        for _ in range(200):
+            if (short_tmp / "ready").exists():
+                break
+            time.sleep(0.05)
+        (secrets / "token.new").write_text("new-token\n")
+        os.rename(secrets / "token.new", token)
+        go.touch()
+        out, err = proc.communicate(timeout=30)
+        assert "before=" in out and "after=" in out, err
+        assert "token" not in out and "before=0" not in out and "after=0" not in out, out
+        assert out.split()[-1] == "0", out  # the directory is empty inside
+    finally:
+        shutil.rmtree(secrets, ignore_errors=True)
+
+
+def test_a_hidden_file_in_a_writable_root_keeps_a_cover_and_is_warned_about(short_tmp):
+    token = short_tmp / "token"
+    token.write_text("secret\n")
+    sandbox = choose_sandbox("bwrap", workdir=str(short_tmp), hidden=[str(token)])
+    masked, covered = hiding(sandbox.permissions, cwd=str(short_tmp), hidden=sandbox.hidden)
+    assert masked == [] and covered == [str(token)]
+    warnings = sandbox.start_warnings(str(short_tmp), prefix="/nonexistent")
+    assert len(warnings) == 1 and str(token) in warnings[0] and "visible" in warnings[0]
+    done = _run(sandbox.launch_argv(["/bin/sh", "-c", f"cat {token}; echo status=$?; ls {short_tmp}"],
+                                    cwd=str(short_tmp)))
+    assert "secret" not in done.stdout and "status=" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_system_directory_is_never_masked_for_a_hidden_file(short_tmp):
+    perms = Permissions(writable_roots=(str(short_tmp),), hidden_paths=("/etc/hostname", "/var/nonexistent-eg"))
+    masked, covered = hiding(perms, cwd=str(short_tmp))
+    assert masked == [] and covered == ["/etc/hostname"]
+    # In a masked directory (the real HOME) that no root shows, a file is out of sight already.
+    home = short_tmp / "home"
+    (home / "tools").mkdir(parents=True)
+    (home / "token").write_text("t\n")
+    perms = Permissions(readable_roots=(str(home / "tools"),), masked_dirs=(str(home),), hidden_paths=(str(home / "token"),))
+    assert hiding(perms, cwd="/") == ([], [])
+
+
+def test_a_protected_path_in_a_writable_root_can_neither_be_written_nor_moved(short_tmp):
+    pkg = short_tmp / "venv" / "lib" / "site" / "pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "mod.py").write_text("original\n")
+    perms = Permissions(writable_roots=(str(short_tmp),), protected_paths=(str(pkg),))
+    script = (f"cd {short_tmp}; echo x >> venv/lib/site/pkg/mod.py; echo write=$?; touch venv/lib/site/pkg/new; "
+              "echo create=$?; mv venv/lib/site/pkg venv/lib/site/old; echo mv-pkg=$?; mv venv/lib venv/lib2; "
+              "echo mv-lib=$?; mv venv venv2; echo mv-venv=$?; touch venv/lib/site/other && echo other-ok")
+    done = _run(bwrap_argv(perms, cwd=str(short_tmp)) + ["/bin/sh", "-c", script])
+    for step in ("write", "create", "mv-pkg", "mv-lib", "mv-venv"):
+        assert f"{step}=" in done.stdout and f"{step}=0" not in done.stdout, done.stdout + done.stderr
+    assert "other-ok" in done.stdout, done.stdout + done.stderr  # the rest of the root stays writable
+    assert (pkg / "mod.py").read_text() == "original\n" and not (pkg / "new").exists()
+
+
+def test_execgate_own_package_is_protected_in_every_sandbox():
+    own = own_package_dirs()
+    assert len(own) == 1 and os.path.isdir(own[0]) and os.path.isfile(os.path.join(own[0], "server", "sandbox.py"))
+    above = os.path.dirname(own[0])
+    argv = bwrap_argv(Permissions(writable_roots=(above,)), cwd=above)
+    assert argv.index("--ro-bind", argv.index(above)) < argv.index("--chdir")
+    assert argv[argv.index(own[0]) - 1] == "--ro-bind" and argv.index(own[0]) > argv.index(above)
+
+
+def test_hidden_and_protected_paths_cross_the_wire_and_reach_escalations():
+    from execgate.policy_service.decisions import _profile
+    from execgate.server.policy import Execution, SessionContext
+    from execgate.server.policy_codec import CodecError, permissions_from_pb, permissions_to_pb
+
+    box = Permissions(writable_roots=("/w",), hidden_paths=("/var/tmp/p/token",), protected_paths=("/w/.venv/eg",))
+    assert permissions_from_pb(permissions_to_pb(box)) == box
+    with pytest.raises(CodecError, match="absolute"):
+        permissions_from_pb(permissions_to_pb(Permissions(hidden_paths=("token",))))
+    session = SessionContext("s", sandbox=box)
+    granted = _profile(Execution("permissions", Permissions(network=True)), session, "/w")
+    assert granted.network and granted.hidden_paths == box.hidden_paths
+    assert granted.protected_paths == box.protected_paths
+    assert _profile(Execution("session_default"), session, "/w") == box

@@ -8,16 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Permissions(_message.Message):
-    __slots__ = ("network", "writable_roots", "readable_roots", "masked_dirs")
+    __slots__ = ("network", "writable_roots", "readable_roots", "masked_dirs", "hidden_paths", "protected_paths")
     NETWORK_FIELD_NUMBER: _ClassVar[int]
     WRITABLE_ROOTS_FIELD_NUMBER: _ClassVar[int]
     READABLE_ROOTS_FIELD_NUMBER: _ClassVar[int]
     MASKED_DIRS_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_PATHS_FIELD_NUMBER: _ClassVar[int]
+    PROTECTED_PATHS_FIELD_NUMBER: _ClassVar[int]
     network: bool
     writable_roots: _containers.RepeatedScalarFieldContainer[str]
     readable_roots: _containers.RepeatedScalarFieldContainer[str]
     masked_dirs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, network: _Optional[bool] = ..., writable_roots: _Optional[_Iterable[str]] = ..., readable_roots: _Optional[_Iterable[str]] = ..., masked_dirs: _Optional[_Iterable[str]] = ...) -> None: ...
+    hidden_paths: _containers.RepeatedScalarFieldContainer[str]
+    protected_paths: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, network: _Optional[bool] = ..., writable_roots: _Optional[_Iterable[str]] = ..., readable_roots: _Optional[_Iterable[str]] = ..., masked_dirs: _Optional[_Iterable[str]] = ..., hidden_paths: _Optional[_Iterable[str]] = ..., protected_paths: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Unsandboxed(_message.Message):
     __slots__ = ()
