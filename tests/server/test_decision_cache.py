@@ -27,6 +27,8 @@ from typing import AsyncIterator, NamedTuple
 import grpc
 import pytest
 
+from identity_support import system_facts
+
 from execgate.policy_service.decisions import CachedRecord, DecisionService
 from execgate.policy_service.server import load_rules, running_service
 from execgate.server import protocol as p
@@ -487,7 +489,9 @@ async def test_fail_closed_and_prompt_decisions_carry_no_hint(short_tmp: Path) -
     service = DecisionService(load_rules([rules_file], defaults=False), cache_ttl_s=60)
     assert (await service.decide(SessionContext("s"), "/bin/true", ["true"], "/")).cache == CacheHint("program", 60)
     assert (await service.decide(SessionContext("s"), "/x/tool2", ["tool2", "ok"], "/")).cache.scope == "exact"
-    assert (await service.decide(SessionContext("s"), "/x/lifter", ["lifter"], "/")).cache is None
+    # (an absolute-path rule applies only with the facts that the path is the file that runs)
+    lifted = await service.decide(SessionContext("s"), "/x/lifter", ["lifter"], "/", facts=system_facts("/x/lifter"))
+    assert lifted.decision.action == "escalate" and lifted.cache is None
     assert (await service.decide(SessionContext("s"), "/x/asker", ["asker"], "/", budget_s=0.5)).cache is None
     # A Deny for a working directory only the sandbox has depends on the workdir: never cached
     # (it is an escalation's; covered by the lifter case above, which is never cacheable).
