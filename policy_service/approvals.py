@@ -5,8 +5,13 @@ A ``prompt`` rule turns a request into an :class:`ApprovalRequest` that every co
 
 - approve once: this request escalates;
 - approve for the session: this request and every later identical one (same session, program,
-  argv and environment reaching the command) escalate without asking again; a later request
-  whose environment differs in what would reach the command is asked again;
+  argv, working directory, environment reaching the command and the very same file) escalate
+  without asking again; a later request that differs in any of these is asked again. A session
+  grant needs a file the caller cannot change (:func:`session_grant_refusal`): for any other
+  file (the caller's own script, a file in a directory it can write, or one the server could not
+  identify) "for the session" counts as approve once (:func:`settle`), since a rewrite in place
+  keeps device and inode and the grant would cover whatever the file says next; approvers are
+  told so with the request;
 - deny: denied with the approver's reason.
 
 No answer by the deadline: denied, saying it timed out. No approver connected (after waiting
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -36,6 +42,9 @@ from execgate.server.policy import ExecFacts, Execution, SessionContext
 log = logging.getLogger(__name__)
 
 Verdict = Literal["once", "session", "deny"]
+
+#: The reason of an approval for the session given without one (:func:`outcome_for`).
+SESSION_APPROVED = "approved for this session"
 
 #: How a prompt can end (:attr:`ApprovalOutcome.result`): approved once or for the session by an
 #: approver, covered by an earlier grant, denied by an approver, unanswered by its deadline, no
@@ -191,7 +200,8 @@ class ApprovalBroker:
                 (the service passes less when its caller's deadline is nearer).
             env: the environment that would reach the command (shown to approvers).
             facts: the file's facts (shown to approvers; a grant covers a file of these facts only,
-                and the very file identified, by device and inode, when there is an identity).
+                and the very file identified, by device and inode; without an identity, or for a
+                file the caller can change, no grant is made: :func:`session_grant_refusal`).
 
         Returns:
             The outcome; never raises for a missing or silent approver.
@@ -199,8 +209,9 @@ class ApprovalBroker:
         if self.refuse_reason is not None:
             return ApprovalOutcome(False, self.refuse_reason, result="refused")
         shown_env = tuple(sorted((env or {}).items()))
-        key = grant_key(session, program, argv, shown_env, facts)
-        if key in self._grants:
+        refusal = session_grant_refusal(facts)
+        key = grant_key(session, program, argv, workdir, shown_env, facts)
+        if refusal is None and key in self._grants:
             return ApprovalOutcome(True, "approved earlier for this session", self._grants[key], True, "granted")
         loop = asyncio.get_running_loop()
         timeout = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
@@ -222,6 +233,7 @@ class ApprovalBroker:
             return ApprovalOutcome(False, f"approval timed out after {timeout:g} s with no answer", result="timeout")
         finally:
             self._pending.pop(request.request_id, None)
+        outcome = settle(outcome, refusal)
         if outcome.approved and outcome.for_session:
             self._grants[key] = outcome.approver
         return outcome
@@ -254,18 +266,54 @@ class ApprovalBroker:
 
 
 def grant_key(
-    session: SessionContext, program: str, argv: Sequence[str], env: Sequence[tuple[str, str]],
+    session: SessionContext, program: str, argv: Sequence[str], workdir: str, env: Sequence[tuple[str, str]],
     facts: ExecFacts | None,
 ) -> str:
     """What an approve-for-session grant covers, as one string (a sha256 hex digest): the session,
-    program, argv, the environment reaching the command (sorted pairs) and the file's facts —
-    its kind and, when identified, that very file (device and inode), so that swapping the file at
-    the path asks again."""
+    program, argv, working directory (an escalation's effect depends on it: relative paths, and
+    the roots an escalated sandbox binds), the environment reaching the command (sorted pairs) and
+    the file's facts — its kind and, when identified, that very file (device and inode), so that
+    swapping the file at the path asks again. A rewrite in place keeps device and inode: that is
+    why no grant is made for a file the caller can change (:func:`session_grant_refusal`)."""
     ident = None if facts is None or facts.identity is None else [facts.identity.device, facts.identity.inode]
     shown = None if facts is None else (sorted(facts.kinds), facts.children_unseen, ident)
-    text = json.dumps([session.session_id, program, list(argv), [list(kv) for kv in env], shown],
+    text = json.dumps([session.session_id, program, list(argv), workdir, [list(kv) for kv in env], shown],
                       ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def session_grant_refusal(facts: ExecFacts | None) -> str | None:
+    """Why an approve-for-session grant cannot cover this file, or None when it can.
+
+    A grant is keyed on the file's device and inode (:func:`grant_key`); content written in place
+    keeps both, so a grant is sound only for a file the caller cannot change. None only when the
+    server identified the file (``facts.identity``), outside ``/proc`` and ``/dev``, and found that
+    the caller can change neither it nor a directory holding it (``caller_can_modify`` false).
+
+    Returns:
+        One phrase for people (shown to approvers, and in the outcome's reason), e.g. "the caller
+        can change this file or a directory holding it"; None if a grant may be made.
+    """
+    identity = None if facts is None else facts.identity
+    if identity is None:
+        return "the file was not identified"
+    if identity.pseudo_fs:
+        return "the file lies under /proc or /dev"
+    if identity.caller_can_modify:
+        return "the caller can change this file or a directory holding it"
+    return None
+
+
+def settle(outcome: ApprovalOutcome, refusal: str | None) -> ApprovalOutcome:
+    """The outcome as it stands for a request whose :func:`session_grant_refusal` is ``refusal``:
+    an approval for the session of a file no grant may cover becomes an approval of this request
+    only (``for_session`` false, result "approved"), its reason saying why; anything else as is.
+    Both brokers apply it before storing a grant."""
+    if refusal is None or not (outcome.approved and outcome.for_session):
+        return outcome
+    said = "" if outcome.reason == SESSION_APPROVED else f"{outcome.reason}; "
+    return dataclasses.replace(outcome, reason=f"{said}approved once: no session grant, {refusal}",
+                               for_session=False, result="approved")
 
 
 def outcome_for(verdict: Verdict, reason: str = "", approver: str = "") -> ApprovalOutcome:
@@ -278,6 +326,6 @@ def outcome_for(verdict: Verdict, reason: str = "", approver: str = "") -> Appro
         raise ValueError(f"unknown verdict {verdict!r}")
     if verdict == "deny":
         return ApprovalOutcome(False, reason or "denied by approver", approver, result="denied")
-    text = reason or ("approved for this session" if verdict == "session" else "approved once")
+    text = reason or (SESSION_APPROVED if verdict == "session" else "approved once")
     return ApprovalOutcome(True, text, approver, verdict == "session",
                            "approved_session" if verdict == "session" else "approved")

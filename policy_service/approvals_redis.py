@@ -12,7 +12,10 @@ other. Keys (all under ``execgate:``):
 - ``result:<id>`` — a list holding the outcome; the replica whose ``DetermineAction`` waits for
   the request blocks on it (``BLPOP``), so a resolution on any replica wakes it.
 - ``grant:<sha256>`` — an approve-for-session grant (the approver's name), for
-  :data:`GRANT_TTL_S` seconds after its last use.
+  :data:`GRANT_TTL_S` seconds after its last use; the digest is
+  :func:`~execgate.policy_service.approvals.grant_key` (session, program, argv, working directory,
+  environment, file), and none is stored for a file the caller can change
+  (:func:`~execgate.policy_service.approvals.session_grant_refusal`), as in one process.
 - ``approvers`` — a hash: replica id → ``"<count> <expiry ms>"``, the approvers connected to
   each replica, refreshed by every health check (a killed replica's entry expires).
 
@@ -35,7 +38,8 @@ from typing import TYPE_CHECKING, AsyncIterator, Mapping, Sequence
 from redis.exceptions import RedisError
 
 from execgate.policy_service.approvals import (
-    ApprovalOutcome, ApprovalRequest, UnknownRequest, Verdict, grant_key, outcome_for,
+    ApprovalOutcome, ApprovalRequest, UnknownRequest, Verdict, grant_key, outcome_for, session_grant_refusal,
+    settle,
 )
 from execgate.server import policy_codec as codec
 from execgate.server.policy import ExecFacts, Execution, SessionContext
@@ -251,8 +255,9 @@ class RedisApprovalBroker:
         if self.refuse_reason is not None:
             return ApprovalOutcome(False, self.refuse_reason, result="refused")
         shown_env = tuple(sorted((env or {}).items()))
-        grant = f"{PREFIX}grant:{grant_key(session, program, argv, shown_env, facts)}"
-        if (granted := await self._granted(grant)) is not None:
+        refusal = session_grant_refusal(facts)
+        grant = f"{PREFIX}grant:{grant_key(session, program, argv, workdir, shown_env, facts)}"
+        if refusal is None and (granted := await self._granted(grant)) is not None:
             return granted
         timeout = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
         deadline = time.time() + timeout
@@ -271,6 +276,7 @@ class RedisApprovalBroker:
             raise
         finally:
             self._held.discard(request.request_id)
+        outcome = settle(outcome, refusal)  # no grant for a file the caller can change
         if outcome.approved and outcome.for_session:
             async with self.state.guard():
                 await self.state.redis.set(grant, outcome.approver, ex=GRANT_TTL_S)

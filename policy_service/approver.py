@@ -1,12 +1,15 @@
 """``execgate approve``: a terminal approver on the ``Approvals`` stream.
 
 It shows each pending request (program, argv, working directory, session id and labels, the
-rule and its justification, the environment the command will get, seconds left) and reads one
+rule and its justification, the environment the command will get, seconds left; every field
+with its control characters escaped, :func:`visible`, and flagged when it had any) and reads one
 answer line:
 
 - ``y`` — approve once;
 - ``s`` — approve for the session (later identical requests in that session, with the same
-  environment reaching the command, escalate unasked);
+  working directory and environment reaching the command, of the same file, escalate unasked);
+  for a file the caller can change no grant is possible, and ``s`` approves once (said under
+  the request, :func:`grant_note`);
 - ``n`` — deny; a second line gives an optional reason (empty: none).
 
 Lines come from stdin, so scripted use works with piped input: ``printf 'y\\nn\\nnot now\\n' |
@@ -23,7 +26,9 @@ from typing import TextIO
 
 import grpc
 
+from execgate.policy_service.approvals import session_grant_refusal
 from execgate.server import policy_codec as codec
+from execgate.server.printable import visible
 from execgate.v1 import approvals_pb2 as apb
 from execgate.v1 import approvals_pb2_grpc
 
@@ -68,28 +73,75 @@ class LineReader:
         return line
 
 
+#: Shown on a line of its own under the header when any field of a request held a character
+#: that :func:`visible` escaped.
+CONTROLS_FLAG = "   WARNING: this request contains control characters, shown escaped (\\xNN, \\uNNNN)"
+
+
+def has_hidden(*texts: str) -> bool:
+    """True if any of ``texts`` holds a character :func:`visible` escapes."""
+    return any(visible(t) != t for t in texts)
+
+
+def raw_fields(pending: apb.PendingApproval) -> list[str]:
+    """Every text of the request an approver is shown, raw (for :func:`has_hidden`)."""
+    target, session = pending.target, pending.session
+    texts = [pending.request_id, target.program, *target.argv, target.workdir, session.session_id,
+             pending.rule_id, pending.reason, target.file_problem, target.identity.real_path,
+             target.file.interpreter, target.file.problem]
+    texts += [t for kv in session.labels.items() for t in kv]
+    texts += [t for kv in pending.env.items() for t in kv]
+    kind = pending.execution.WhichOneof("kind")
+    if kind == "permissions":
+        p = pending.execution.permissions
+        texts += [*p.writable_roots, *p.readable_roots]
+    return texts
+
+
+def grant_note(pending: apb.PendingApproval) -> str | None:
+    """Why "approve for the session" will approve this request once only
+    (:func:`~execgate.policy_service.approvals.session_grant_refusal` of the request's file facts),
+    or None when a session grant is possible. Unreadable facts count as no identity."""
+    try:
+        facts = codec.facts_from_pb(pending.target)
+    except codec.CodecError:
+        facts = None
+    return session_grant_refusal(facts)
+
+
 def describe(pending: apb.PendingApproval) -> str:
-    """The request as shown to the approver (several lines)."""
-    labels = ", ".join(f"{k}={v}" for k, v in sorted(pending.session.labels.items())) or "-"
-    return "\n".join(
-        [
-            f"── approval {pending.request_id[:12]} ({pending.seconds_left:.0f} s left)",
-            f"   program: {pending.target.program}",
-            f"   argv:    {shlex.join(pending.target.argv)}",
-            f"   cwd:     {pending.target.workdir}",
-            f"   session: {pending.session.session_id}  labels: {labels}",
-            f"   rule:    {pending.rule_id or '(default)'} — {pending.reason or 'no justification'}",
-            "   env:     " + (" ".join(shlex.quote(f"{k}={v}") for k, v in sorted(pending.env.items())) or "(empty)"),
-            f"   file:    {file_text(pending)}",
-        ]
-    )
+    """The request as shown to the approver (several lines, no trailing newline).
+
+    Every field is passed through :func:`visible`, so the text holds no control character at all
+    (not even a newline inside a field): a request cannot draw over its own description. If any
+    field held one, :data:`CONTROLS_FLAG` follows the header line. If no session grant can cover
+    the file (:func:`grant_note`), a ``note:`` line says that [s] approves once only.
+    """
+    labels = ", ".join(f"{visible(k)}={visible(v)}" for k, v in sorted(pending.session.labels.items())) or "-"
+    env = " ".join(visible(shlex.quote(f"{k}={v}")) for k, v in sorted(pending.env.items())) or "(empty)"
+    lines = [f"── approval {visible(pending.request_id[:12])} ({pending.seconds_left:.0f} s left)"]
+    if has_hidden(*raw_fields(pending)):
+        lines.append(CONTROLS_FLAG)
+    lines += [
+        f"   program: {visible(pending.target.program)}",
+        f"   argv:    {visible(shlex.join(pending.target.argv))}",
+        f"   cwd:     {visible(pending.target.workdir)}",
+        f"   session: {visible(pending.session.session_id)}  labels: {labels}",
+        f"   rule:    {visible(pending.rule_id) or '(default)'} — {visible(pending.reason) or 'no justification'}",
+        "   env:     " + env,
+        f"   file:    {file_text(pending)}",
+    ]
+    note = grant_note(pending)
+    if note is not None:
+        lines.append(f"   note:    no session grant possible ({note}): [s] approves this request once")
+    return "\n".join(lines)
 
 
 def file_text(pending: apb.PendingApproval) -> str:
     """What the server learnt of the file (``static elf64 x86_64; children unseen``, then
     ``; real file /usr/bin/sudo`` when the file identified in the caller's view is not the
     program path shown), or a note that it sent nothing; "(unreadable)" if the facts are
-    malformed."""
+    malformed. Shown through :func:`visible` (a real path or interpreter is the caller's choice)."""
     try:
         facts = codec.facts_from_pb(pending.target)
     except codec.CodecError:
@@ -97,7 +149,7 @@ def file_text(pending: apb.PendingApproval) -> str:
     if facts.file is None and facts.children_unseen is None and facts.problem is None and facts.identity is None:
         return "(nothing learnt of the file)"
     real = "" if facts.identity is None else facts.identity.real_path
-    return facts.summary + (f"; real file {real}" if real and real != pending.target.program else "")
+    return visible(facts.summary + (f"; real file {real}" if real and real != pending.target.program else ""))
 
 
 async def _answer(reader: LineReader, out: TextIO) -> tuple[int, str] | None:
@@ -185,7 +237,8 @@ async def _serve(
             )
             try:
                 await stub.ResolveApproval(request, timeout=10, metadata=metadata)
-                out.write("   sent\n")
+                once = answer[0] == apb.VERDICT_APPROVE_FOR_SESSION and grant_note(pending) is not None
+                out.write("   sent (approved once: no session grant possible)\n" if once else "   sent\n")
             except grpc.aio.AioRpcError as exc:
                 out.write(f"   not sent: {exc.details()}\n")
             out.flush()

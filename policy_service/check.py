@@ -146,6 +146,8 @@ def format_text(program: str, argv: list[str], ev: Evaluation) -> str:
         lines.append(f"execution: {_execution_text(ev.execution)}")
     if ev.allow_env:
         lines.append(f"allow_env: {' '.join(ev.allow_env)}")
+    if set_env := _set_env(ev):
+        lines.append("set_env:  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in set_env))
     lines.append(f"reason:   {ev.reason}")
     return "\n".join(lines) + "\n"
 
@@ -162,7 +164,13 @@ def evaluation_to_json(program: str, argv: list[str], ev: Evaluation) -> dict[st
         "execution": _execution_json(ev.execution),
         "reason": ev.reason,
         "allow_env": list(ev.allow_env),
+        "set_env": dict(_set_env(ev)),
     }
+
+
+def _set_env(ev: Evaluation) -> tuple[tuple[str, str], ...]:
+    """The winning rule's ``set_env`` pairs (none without a rule)."""
+    return tuple(getattr(ev.rule, "set_env", ()) or ()) if ev.rule is not None else ()
 
 
 def _rule_line(rule: Rule, winner: bool) -> str:
@@ -202,4 +210,5 @@ def _execution_text(execution: Execution) -> str:
         parts.append("writable=" + ",".join(p.writable_roots))
     if p.readable_roots:
         parts.append("readable=" + ",".join(p.readable_roots))
-    return f"permissions ({' '.join(parts)}; plus the command's working directory writable)"
+    return (f"permissions ({' '.join(parts)}; in a sandboxed session joined by the session's own roots; "
+            "in a session without a sandbox, unconfined)")

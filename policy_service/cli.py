@@ -24,7 +24,8 @@ import sys
 
 import grpc
 
-from execgate.policy_service.transport import AddressError, TlsFiles, client_credentials, is_local_address, read_token
+from execgate.policy_service.transport import (AddressError, TlsFiles, client_credentials, is_local_address,
+                                               is_loopback_host, read_token)
 from execgate.server import telemetry
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                               "one, printed in the URL)")
     web.add_argument("--web-tls-cert", metavar="PEM", help="serve HTTPS with this certificate")
     web.add_argument("--web-tls-key", metavar="PEM", help="private key of --web-tls-cert")
+    web.add_argument("--web-insecure", action="store_true",
+                     help="serve plain HTTP on an address beyond loopback (the login token and every answer "
+                          "cross the network in clear; e.g. inside a container published on loopback only)")
     approve.set_defaults(func=_approve)
 
 
@@ -285,7 +289,11 @@ def _approve_web(args: argparse.Namespace) -> int:
         print(f"execgate approve: --web needs {exc.name} (pip install 'execgate[web]')", file=sys.stderr)
         return 2
     try:
-        web_approver.parse_listen(args.web)
+        host, _ = web_approver.parse_listen(args.web)
+        if not (args.web_tls_cert or args.web_insecure or is_loopback_host(host)):
+            raise ValueError(f"--web {args.web}: a plain HTTP page beyond loopback would send the login token in "
+                             "clear; give --web-tls-cert and --web-tls-key, listen on 127.0.0.1, or pass "
+                             "--web-insecure")
         token = read_token(args.web_token_file)
         if token is not None:
             web_approver.TokenGate(token)  # too short: refused before anything starts

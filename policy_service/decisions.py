@@ -11,6 +11,7 @@ program, or a bubblewrap command line from the granted profile
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import hashlib
 import logging
@@ -22,10 +23,10 @@ from typing import Awaitable, Callable, Mapping, NamedTuple, Protocol, Sequence
 
 from execgate.policy_service.approvals import ApprovalBroker
 from execgate.policy_service.audit import AuditLog, AuditRecord
-from execgate.policy_service.envclean import clean_env
+from execgate.policy_service.envclean import clean_env, withheld_note
 from execgate.policy_service.state import ApprovalState, InProcessState, SharedState, StateUnavailable
 from execgate.server.policy import CacheHint, Decision, ExecFacts, Execution, Permissions, PreparedExec, SessionContext
-from execgate.server.sandbox import bwrap_argv, find_bwrap, unsafe_workdir, visible_inside
+from execgate.server.sandbox import bwrap_argv, find_bwrap, visible_inside
 
 log = logging.getLogger(__name__)
 
@@ -293,15 +294,20 @@ class DecisionService:
         if evaluation.decision == "run":
             return Decided(Decision.run(reason=reason, note=untrusted_note(program, evaluation, session), **common), "",
                            cache=self.cache_hint(evaluation))
+        if evaluation.decision not in ("escalate", "prompt"):
+            return Decided(Decision.deny(reason or "denied by policy", **common), "", cache=self.cache_hint(evaluation))
+        set_env = rule_set_env(evaluation)
+        # A variable the caller set for this program that will not reach it: say so (once per session).
+        note = "" if env is None else withheld_note(env, program, evaluation.allow_env, set_env, rule_id)
         if evaluation.decision == "escalate":
-            return Decided(Decision.escalate(execution, reason=reason, **common), "")
-        if evaluation.decision == "prompt":
-            shown = clean_env(env or {}, evaluation.allow_env)
-            return await self._ask(
-                session, program, argv, workdir, rule_id, reason, execution, common, budget_s, on_prompt, shown,
-                facts,
-            )
-        return Decided(Decision.deny(reason or "denied by policy", **common), "", cache=self.cache_hint(evaluation))
+            return Decided(Decision.escalate(execution, reason=reason, note=note, **common), "")
+        shown = clean_env(env or {}, evaluation.allow_env, set_env)
+        decided = await self._ask(
+            session, program, argv, workdir, rule_id, reason, execution, common, budget_s, on_prompt, shown, facts,
+        )
+        if note and decided.decision.action == "escalate":
+            decided = decided._replace(decision=dataclasses.replace(decided.decision, note=note))
+        return decided
 
     def cache_hint(self, evaluation: object) -> CacheHint | None:
         """Whether an escalation server may reuse a Run or Deny the rules alone decided.
@@ -398,8 +404,10 @@ class DecisionService:
         (see :func:`execgate.server.sandbox.bwrap_argv`; bwrap cannot set argv[0], so ``arg0`` is
         None and the program sees its path), its ``command[0]`` the absolute bwrap found at
         service start. The environment is built from an allowlist plus the variables that the
-        matching rule's ``allow_env`` names, PATH fixed unless allowed
-        (:func:`execgate.policy_service.envclean.clean_env`): the very environment a prompt showed.
+        matching rule's ``allow_env`` names, PATH fixed unless allowed, then the rule's
+        ``set_env`` (:func:`execgate.policy_service.envclean.clean_env`): the very environment a
+        prompt showed. In a session without a sandbox every execution is the plain program
+        (:func:`_profile`).
 
         Raises:
             EscalationRefused: the working directory exists only inside the session's sandbox (its
@@ -408,8 +416,8 @@ class DecisionService:
             SandboxError: the bwrap command line cannot be built (see ``bwrap_argv``).
         """
         _check_workdir(session, workdir)
-        allow = self.rules.current.evaluate(program, argv, facts).allow_env
-        cleaned = clean_env(env, allow)
+        evaluation = self.rules.current.evaluate(program, argv, facts)
+        cleaned = clean_env(env, evaluation.allow_env, rule_set_env(evaluation))
         profile = _profile(execution, session, workdir)
         if profile is None:
             return PreparedExec(command=(program, *argv[1:]), cwd=workdir, env=cleaned, arg0=argv[0])
@@ -427,6 +435,11 @@ def _key_digest(scope: str, session: SessionContext, program: str, argv: Sequenc
     key = (session.session_id, sorted(session.labels.items()), session.sandbox, program, part, facts,
            decision.action, decision.rule_id, decision.reason or "", decision.note)
     return hashlib.sha256(repr(key).encode("utf-8", "surrogateescape")).digest()
+
+
+def rule_set_env(evaluation: object) -> dict[str, str]:
+    """The winning rule's ``set_env`` as a dict ({} without a rule or without set_env)."""
+    return dict(getattr(getattr(evaluation, "rule", None), "set_env", ()) or ())
 
 
 def untrusted_note(program: str, evaluation: object, session: SessionContext) -> str:
@@ -476,15 +489,23 @@ def _check_workdir(session: SessionContext, workdir: str) -> None:
 
 
 def _profile(execution: Execution, session: SessionContext, workdir: str) -> Permissions | None:
-    """The sandbox profile an execution asks for, or None for none.
+    """The sandbox profile an execution asks for, or None for none (the plain program).
 
-    A ``permissions`` profile grants more than the session has, never less: its writable and
-    readable roots are joined by the session sandbox's own (so that ``git clone . ../copy``
-    escalated with network still writes where the shell could). The working directory is the
-    caller's claim, not a grant, and is never bound by itself: it becomes writable only when the
-    session has no sandbox (its shell could write there anyway) and it is not a system directory
-    (``/``, ``/tmp``, ``/proc``, …: :func:`~execgate.server.sandbox.unsafe_workdir`); in a
-    sandboxed session only if one of its roots covers it.
+    **A session without a sandbox** (``session.sandbox`` None: ``--sandbox none``, or ``auto``
+    without bubblewrap): None for every execution. Its shell already has the user's full power —
+    the whole file system as the user sees it, the network, the real HOME — and an escalation
+    runs as the same user, so a profile could only take away: a private ``/tmp`` hid a sibling
+    repository from ``git pull ../a`` and a read-only HOME broke ``npm install``'s ``~/.npm``
+    (issue #12 item 8). The escalated command therefore sees what the shell sees, with the
+    network on whatever the profile says (the shell has it anyway) and the environment its rule
+    builds. This widens nothing: a Run in that session is just as unconfined. Confining
+    escalations takes a sandboxed session.
+
+    **A sandboxed session**: a ``permissions`` profile grants more than the session has, never
+    less: its writable and readable roots are joined by the session sandbox's own (so that
+    ``git clone . ../copy`` escalated with network still writes where the shell could). The
+    working directory is the caller's claim, not a grant, and is never bound by itself: it is
+    writable only if one of the session's roots covers it.
 
     What the session cannot see or change, its escalations cannot either: the session's masked
     directories, hidden paths (a remote policy service's socket, the token and key files) and
@@ -492,22 +513,19 @@ def _profile(execution: Execution, session: SessionContext, workdir: str) -> Per
     the session's profile, which the escalation server (not the session) sends with every request.
     ``session_default`` is the session's profile itself, those included.
     """
+    box = session.sandbox
+    if box is None:
+        return None
     if execution.kind == "permissions":
         granted = execution.permissions or Permissions()
-        if session.sandbox is not None:
-            own = session.sandbox.writable_roots
-        else:
-            own = (workdir,) if unsafe_workdir(workdir) is None else ()
-        writable = tuple(dict.fromkeys((*granted.writable_roots, *own)))
-        seen = session.sandbox.readable_roots if session.sandbox is not None else ()
-        readable = tuple(dict.fromkeys(r for r in (*granted.readable_roots, *seen) if r not in writable))
+        writable = tuple(dict.fromkeys((*granted.writable_roots, *box.writable_roots)))
+        readable = tuple(dict.fromkeys(r for r in (*granted.readable_roots, *box.readable_roots) if r not in writable))
         # What the session cannot see (a real HOME behind a private one), its escalations cannot either.
-        box = session.sandbox or Permissions()
         masked = tuple(dict.fromkeys((*granted.masked_dirs, *box.masked_dirs)))
         hidden = tuple(dict.fromkeys((*granted.hidden_paths, *box.hidden_paths)))
         protected = tuple(dict.fromkeys((*granted.protected_paths, *box.protected_paths)))
         return Permissions(network=granted.network, writable_roots=writable, readable_roots=readable,
                            masked_dirs=masked, hidden_paths=hidden, protected_paths=protected)
     if execution.kind == "session_default":
-        return session.sandbox
+        return box
     return None

@@ -92,6 +92,9 @@ class Rule:
         execution: for ``escalate``/``prompt``, how the approved command runs; None otherwise.
         justification: why the rule exists; shown to approvers and in denials.
         allow_env: environment variable names or fnmatch globs that survive env cleaning.
+        set_env: ``(name, value)`` pairs set in the escalated environment after cleaning, over
+            the caller's (``escalate``/``prompt`` only; the rule author's values, never the
+            caller's): e.g. an ssh that fails fast for git.
         source: path of the file the rule came from.
         pattern: the argv prefix after argv[0]; each token is a tuple of alternatives.
         match: example commands (argv[0] first) this rule must match.
@@ -109,6 +112,7 @@ class Rule:
     execution: Execution | None = None
     justification: str = ""
     allow_env: tuple[str, ...] = ()
+    set_env: tuple[tuple[str, str], ...] = ()
     source: str = ""
     pattern: tuple[Token, ...] = ()
     match: tuple[Example, ...] = field(default=(), repr=False)

@@ -18,6 +18,8 @@ Schema (every key is optional unless marked; unknown keys are errors)::
                                       # network (bool), writable_roots, readable_roots (absolute)
     justification = "why"             # shown to approvers and in denials
     allow_env = ["SSH_AUTH_SOCK"]     # names or fnmatch globs kept by env cleaning
+    set_env = { GIT_SSH_COMMAND = "ssh -o BatchMode=yes" }  # escalate/prompt only: set after
+                                      # cleaning, over the caller's value
     match = ["git push origin main"]  # examples (strings split with shlex, or lists) that
     not_match = [["git", "status"]]   # must / must not match; checked at load
 
@@ -36,6 +38,7 @@ file, the rule (id and index) and, for a failing example, the example.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -59,7 +62,7 @@ from .rules_model import (
 
 _TOP_KEYS = frozenset({"default", "trusted_dirs", "host_executable", "rule"})
 _RULE_KEYS = frozenset({
-    "id", "program", "prefix", "decision", "execution", "justification", "allow_env",
+    "id", "program", "prefix", "decision", "execution", "justification", "allow_env", "set_env",
     "match", "not_match", "file_kind", "children_unseen",
 })
 _PERMISSION_KEYS = frozenset({"network", "writable_roots", "readable_roots"})
@@ -137,6 +140,7 @@ def _rule_group(table: Any, index: int, path: Path) -> list[Rule]:
         execution=_execution(table, decision, path, where),
         justification=_string(table.get("justification", ""), path, where, "justification"),
         allow_env=_allow_env(table.get("allow_env", []), path, where),
+        set_env=_set_env(table.get("set_env"), decision, path, where),
         source=str(path),
         pattern=tuple(parse_token(t, path, where) for t in prefix),
         match=parse_examples(table.get("match", []), path, where, "match"),
@@ -219,6 +223,32 @@ def _allow_env(value: Any, path: Path, where: str) -> tuple[str, ...]:
         raise fail(path, where, f"allow_env must be a list of variable names or globs, "
                    f"not {value!r}")
     return tuple(value)
+
+
+#: What ``set_env`` accepts as a variable name.
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Longest ``set_env`` value, in characters.
+_MAX_SET_ENV_VALUE = 4096
+
+
+def _set_env(value: Any, decision: str, path: Path, where: str) -> tuple[tuple[str, str], ...]:
+    """Validate ``set_env``: a table of variable names (``[A-Za-z_][A-Za-z0-9_]*``) to strings
+    (no NUL, at most 4096 characters), only with escalate or prompt."""
+    if value is None:
+        return ()
+    if decision not in ("escalate", "prompt"):
+        raise fail(path, where, f"set_env is only allowed with escalate or prompt, not with {decision}")
+    if not isinstance(value, dict):
+        raise fail(path, where, f"set_env must be a table of NAME = \"value\", not {value!r}")
+    pairs = []
+    for name, text in value.items():
+        if not _VARIABLE_NAME.fullmatch(name):
+            raise fail(path, where, f"set_env: {name!r} is not a variable name (letters, digits, _)")
+        if not isinstance(text, str) or "\0" in text or len(text) > _MAX_SET_ENV_VALUE:
+            raise fail(path, where, f"set_env: {name} must be a string without NUL of at most "
+                       f"{_MAX_SET_ENV_VALUE} characters, not {text!r}")
+        pairs.append((name, text))
+    return tuple(pairs)
 
 
 def _string(value: Any, path: Path, where: str, key: str) -> str:

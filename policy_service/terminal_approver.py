@@ -5,11 +5,12 @@ subscribes to that service's :class:`~execgate.policy_service.approvals.Approval
 — no endpoint, no credential, nothing a session could connect to — and asks each pending request
 on the terminal. The question is the one ``execgate approve`` shows (:func:`describe`: program,
 argv, cwd, session, rule, the environment that will reach the command, the file's facts, seconds
-left), asked while the session's output is held and its pty gets no keys
-(:meth:`execgate.server.terminal.PtyRelay.held`); keys typed before the question appeared are
-dropped, so that nothing typed for the script answers it. Answers:
+left; every control character escaped, and flagged), asked while the session's output is held
+and its pty gets no keys (:meth:`execgate.server.terminal.PtyRelay.held`); keys typed before the
+question appeared are dropped, so that nothing typed for the script answers it. Answers:
 
-- ``y`` — approve once; ``s`` — approve for the session; ``n`` — deny, then a reason line
+- ``y`` — approve once; ``s`` — approve for the session (once only for a file the caller can
+  change: the question says so, and so does the answer); ``n`` — deny, then a reason line
   (empty: "denied at the terminal");
 - ^C or ^D — deny; no answer by the request's deadline (``--approval-timeout``) — the broker
   denies it, saying it timed out;
@@ -26,7 +27,9 @@ import contextlib
 import logging
 from typing import AsyncContextManager, AsyncIterator, Protocol
 
-from execgate.policy_service.approvals import ApprovalBroker, ApprovalRequest, UnknownRequest, Verdict
+from execgate.policy_service.approvals import (
+    ApprovalBroker, ApprovalRequest, UnknownRequest, Verdict, session_grant_refusal,
+)
 from execgate.policy_service.approver import describe
 from execgate.policy_service.servicer import pending_to_pb
 
@@ -88,7 +91,9 @@ async def ask(broker: ApprovalBroker, terminal: PromptTerminal, request: Approva
         except UnknownRequest:
             await terminal.write("   no longer pending (answered elsewhere, or expired)\n")
             return
-        await terminal.write(f"   {_SAID[verdict]}\n")
+        refusal = session_grant_refusal(request.facts) if verdict == "session" else None
+        await terminal.write(f"   {_SAID[verdict]}\n" if refusal is None
+                             else f"   approved once (no session grant possible: {refusal})\n")
 
 
 async def _settled(broker: ApprovalBroker, request_id: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator
 
 import grpc
 
-from execgate.policy_service.approver import file_text
+from execgate.policy_service.approver import file_text, grant_note, has_hidden, raw_fields, visible
 from execgate.v1 import approvals_pb2 as apb
 from execgate.v1 import approvals_pb2_grpc
 
@@ -31,8 +31,8 @@ def _execution_text(pending: apb.PendingApproval) -> str:
     kind = pending.execution.WhichOneof("kind")
     if kind == "permissions":
         p = pending.execution.permissions
-        return (f"sandboxed (network {'on' if p.network else 'off'}; writable: "
-                f"{', '.join(p.writable_roots) or 'none'})")
+        return visible(f"sandboxed (network {'on' if p.network else 'off'}; writable: "
+                       f"{', '.join(p.writable_roots) or 'none'})")
     return {"unsandboxed": "unsandboxed", "session_default": "in the session's sandbox"}.get(kind or "", "unknown")
 
 
@@ -41,23 +41,33 @@ def _env_of(pending: apb.PendingApproval) -> dict[str, str] | None:
     if "env" not in pending.DESCRIPTOR.fields_by_name:
         return None
     value = getattr(pending, "env")
-    return {str(k): str(v) for k, v in sorted(value.items())} if hasattr(value, "items") else None
+    return {visible(str(k)): visible(str(v)) for k, v in sorted(value.items())} if hasattr(value, "items") else None
 
 
 def pending_to_json(pending: apb.PendingApproval) -> dict[str, Any]:
-    """The request as the page shows it (JSON-ready; ``env`` is None when the proto has no such field)."""
+    """The request as the page shows it (JSON-ready; ``env`` is None when the proto has no such field).
+
+    Every text meant for a person is passed through :func:`~execgate.policy_service.approver.visible`
+    (control characters, bidi overrides, line separators shown as ``\\xNN`` / ``\\uNNNN``), as
+    ``execgate approve`` shows it; the page puts them in the document as text only. ``controls``
+    is true when any field held such a character (the page flags the request), ``no_session_grant``
+    says why "approve for the session" will approve once only (None when a grant is possible).
+    ``id`` is the service's own and is sent as is: the page sends it back.
+    """
     target, session = pending.target, pending.session
     return {
         "id": pending.request_id,
-        "program": target.program,
-        "argv": list(target.argv),
-        "command": shlex.join(target.argv),
-        "cwd": target.workdir,
-        "session": session.session_id,
-        "labels": dict(sorted(session.labels.items())),
+        "program": visible(target.program),
+        "argv": [visible(a) for a in target.argv],
+        "command": visible(shlex.join(target.argv)),
+        "cwd": visible(target.workdir),
+        "session": visible(session.session_id),
+        "labels": {visible(k): visible(v) for k, v in sorted(session.labels.items())},
         "sandboxed": session.HasField("sandbox"),
-        "rule": pending.rule_id,
-        "justification": pending.reason,
+        "rule": visible(pending.rule_id),
+        "justification": visible(pending.reason),
+        "controls": has_hidden(*raw_fields(pending)),
+        "no_session_grant": grant_note(pending),
         "execution": _execution_text(pending),
         "seconds_left": round(pending.seconds_left, 1),
         "env": _env_of(pending),

@@ -3,7 +3,8 @@
 # shells, a C compiler for the preload shim and native wrapper, a 32-bit toolchain (gcc-multilib) for
 # the shim's i386 build, busybox-static and Go for the seccomp backstop's tests, headless Chromium and
 # its WebDriver for the approval page's browser test, a Docker engine and debootstrap for the compose
-# stack's test, redis-server for the replicated policy service's tests, …), then a virtualenv `.venv`
+# stack's test, redis-server for the replicated policy service's tests, npm, ssh and man-db for the
+# agent-work tests (tests/e2e/test_run_agent_work.py), …), then a virtualenv `.venv`
 # (or $EXECGATE_VENV) with execgate and its test dependencies installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,8 @@ need=(bubblewrap:bwrap zsh:zsh dash:dash bash:bash strace:strace make:make perl:
       acl:setfacl util-linux:setpriv passwd:useradd docker.io:dockerd debootstrap:debootstrap
       chromium:/usr/bin/chromium chromium-driver:/usr/bin/chromedriver
       gcc-multilib:/usr/lib32/crt1.o busybox-static:busybox golang-go:go
-      redis-server:redis-server)
+      redis-server:redis-server npm:npm openssh-client:ssh man-db:man
+      manpages:/usr/share/man/man7/man.7.gz)
 missing=()
 for pair in "${need[@]}"; do
     pkg="${pair%%:*}" cmd="${pair#*:}"

@@ -99,9 +99,10 @@ async def handle_connection(
             in the caller's view
             (:func:`execgate.server.exec_facts.learn`); sent to a policy that accepts facts.
             None: nothing is learnt (no trust for basename rules, file facts unknown).
-        on_note: called with a line for the user: a Run decision's ``note`` (why a program a rule
-            would escalate stays in the sandbox), and, when a sandboxed escalation fails, which
-            rule sandboxed it and how (:func:`failure_note`).
+        on_note: called with a line for the user: a Run or Escalate decision's ``note`` (why a
+            program a rule would escalate stays in the sandbox; which variables the caller set
+            for an escalated program it will not get), and, when a sandboxed escalation fails,
+            which rule sandboxed it and how (:func:`failure_note`).
         placement: the session's containment, for escalated commands (:mod:`.containment`).
 
     Never raises for peer errors (they are logged); propagates cancellation.
@@ -118,9 +119,12 @@ async def handle_connection(
                 on_note(decision.note)
             await _send(conn, p.EscalateResponse("Run"))
         elif decision.action == "escalate":
+            if decision.note and on_note is not None:  # e.g. a variable the caller set that it will not get
+                on_note(decision.note)
             status = await _escalate(conn, policy, program, request, decision, context, limits, on_spawn, facts,
                                      placement)
-            if status and on_note is not None and (note := failure_note(program, decision, status)):
+            if status and on_note is not None and (note := failure_note(program, decision, status,
+                                                                         context.sandbox is not None)):
                 on_note(note)
         else:
             await _send(conn, p.EscalateResponse("Deny", reason=decision.reason))
@@ -275,12 +279,14 @@ async def _escalate(
     return status
 
 
-def failure_note(program: str, decision: Decision, status: int) -> str:
+def failure_note(program: str, decision: Decision, status: int, sandboxed: bool = True) -> str:
     """What the user is told when a sandboxed escalation exits with ``status`` != 0: the rule
     that escalated it, why, and the sandbox it ran in (network, writable roots), so that an
-    ``EROFS`` or a network error can be traced to the profile. "" for an unsandboxed one."""
+    ``EROFS`` or a network error can be traced to the profile. "" for an unsandboxed one, and
+    for any escalation of a session without a sandbox (``sandboxed`` False: the policy service
+    runs those unconfined, as the shell is; docs/DESIGN.md §7)."""
     execution = decision.execution or Execution()
-    if execution.kind == "unsandboxed":
+    if execution.kind == "unsandboxed" or not sandboxed:
         return ""
     perms = execution.permissions
     how = ("in the session's own sandbox" if perms is None else

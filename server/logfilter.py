@@ -1,5 +1,10 @@
-"""A bound on repeated log lines: what a session can make the server log must not flood the
-terminal it shares with the user.
+"""Log lines on a terminal a session shares with the user: bounded in number, and unable to
+draw on it.
+
+Text a session chose (a program path, argv) reaches the server's log lines:
+:class:`VisibleFormatter` shows its control characters escaped
+(:func:`execgate.server.printable.visible`), so that an escape sequence in a path cannot repaint
+the terminal (an approval question on it, found by review).
 
 A session (or any process of the user's that can connect to a session's fallback socket) can
 make the server log a warning per connection — a broken frame, a dropped handshake — as fast as
@@ -14,6 +19,8 @@ from __future__ import annotations
 import logging
 import time
 from typing import Callable, Hashable
+
+from execgate.server.printable import visible
 
 #: Most kinds remembered at once; past it the oldest is forgotten (its drops are not reported).
 MAX_KINDS = 1024
@@ -58,3 +65,12 @@ class RepeatLimit(logging.Filter):
         if len(self._kinds) >= MAX_KINDS:
             self._kinds.pop(next(iter(self._kinds)))
         self._kinds[kind] = state
+
+
+class VisibleFormatter(logging.Formatter):
+    """A :class:`logging.Formatter` whose message part has every non-printable character escaped
+    (:func:`~execgate.server.printable.visible`); the format's own text and a traceback are kept."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        record.message = visible(record.message)
+        return super().formatMessage(record)

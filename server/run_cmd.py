@@ -148,10 +148,11 @@ def _byte_count(text: str) -> int:
 def main(args: argparse.Namespace) -> int:
     # execgate's own messages share the script's stderr: say whose they are.
     logging.basicConfig(format="execgate: %(levelname)s: %(message)s", level=logging.WARNING)
-    from execgate.server.logfilter import RepeatLimit
+    from execgate.server.logfilter import RepeatLimit, VisibleFormatter
 
-    for handler in logging.getLogger().handlers:  # a session could flood it with broken frames
+    for handler in logging.getLogger().handlers:  # a session could flood it, or draw on it
         handler.addFilter(RepeatLimit())
+        handler.setFormatter(VisibleFormatter("execgate: %(levelname)s: %(message)s"))
     try:
         import uvloop
 
@@ -203,10 +204,13 @@ def parse_labels(items: list[str]) -> dict[str, str]:
 
 
 def _note(text: str) -> None:
-    """A session's note for the user, on stderr (where the script's own stderr goes too)."""
+    """A session's note for the user, on stderr (where the script's own stderr goes too), its
+    control characters escaped: it names paths the session chose, and an escape sequence in one
+    could repaint the terminal, an approval question on it included (found by review)."""
+    from execgate.server.printable import visible
     from execgate.server.run_stdio import line_end
 
-    print(f"execgate: note: {text}", file=sys.stderr, end=line_end(), flush=True)
+    print(f"execgate: note: {visible(text)}", file=sys.stderr, end=line_end(), flush=True)
 
 
 @dataclass(frozen=True)

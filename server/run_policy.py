@@ -8,7 +8,9 @@ that a process of the same user without ``CAP_SYS_PTRACE`` cannot read that memo
 ``/proc/PID/mem``. Its approvals: the broker itself for an approver in this process (the terminal
 approver, :mod:`execgate.server.run_stdio`), and an approvals endpoint only with
 ``--approver-wait``, whose ``execgate approve`` command is printed (socket and 0600 token file in
-the service's private directory under ``/tmp``, which no bwrap sandbox sees). With no sandbox
+the service's private directory under ``/tmp``, which no bwrap sandbox sees). With neither a
+terminal nor ``--approver-wait`` no approver can connect: prompts are denied with a reason that
+says how to answer them (:func:`prompt_refusal`). With no sandbox
 (``--sandbox none``, or ``auto`` without bubblewrap) the shell has the user's full power and could
 reach any approver of this process: the embedded service then denies every prompt, naming the
 fix, and ``--approver-wait`` is refused.
@@ -49,6 +51,15 @@ NO_SANDBOX_PROMPTS = (
     "prompt denied: without a sandbox (--sandbox none) the shell has your full power and could answer "
     "its own prompt; use --sandbox bwrap, or --policy with a policy service whose approver the session "
     "cannot reach"
+)
+
+
+#: Why the embedded service denies prompts when no approver can ever answer them: no terminal to
+#: ask at (stdin and stdout not one terminal, or ``--json``) and no ``--approver-wait``.
+NO_APPROVER_PROMPTS = (
+    "prompt denied: no approver can answer it: execgate run has no terminal to ask at (stdin and stdout "
+    "are not one terminal, or --json) and no approvals endpoint; run it at a terminal, or pass "
+    "--approver-wait SECONDS and answer with the `execgate approve --policy … --token-file …` command it prints"
 )
 
 
@@ -109,7 +120,7 @@ async def policy_address(args: argparse.Namespace, sandboxed: bool = True,
             args.rules, audit_log=args.audit_log, default_rules=not args.no_default_rules,
             approvals=args.approver_wait is not None,
             approver_wait_s=args.approver_wait or 0.0, approval_timeout_s=args.approval_timeout,
-            no_approver_reason=None if sandboxed else NO_SANDBOX_PROMPTS, metrics=metrics,  # type: ignore[arg-type]
+            no_approver_reason=prompt_refusal(args, sandboxed), metrics=metrics,  # type: ignore[arg-type]
             **({} if getattr(args, "cache_ttl", None) is None else {"cache_ttl_s": args.cache_ttl}),
         )
         service = await embedded.__aenter__()
@@ -126,6 +137,21 @@ async def policy_address(args: argparse.Namespace, sandboxed: bool = True,
     finally:
         await embedded.__aexit__(None, None, None)
 
+
+
+def prompt_refusal(args: argparse.Namespace, sandboxed: bool) -> str | None:
+    """Why the embedded service must deny every prompt of this run, or None if one can be
+    answered: without a sandbox the shell could answer its own (:data:`NO_SANDBOX_PROMPTS`);
+    with neither a terminal to ask at (:func:`~execgate.server.run_stdio.wants_pty`) nor
+    ``--approver-wait`` no approver can ever connect, and the denial says how to get one
+    (:data:`NO_APPROVER_PROMPTS`)."""
+    from execgate.server.run_stdio import wants_pty
+
+    if not sandboxed:
+        return NO_SANDBOX_PROMPTS
+    if args.approver_wait is None and not wants_pty(args):
+        return NO_APPROVER_PROMPTS
+    return None
 
 
 def policy_credentials(args: argparse.Namespace) -> list[str]:

@@ -237,7 +237,7 @@ def bwrap_argv(
     argv += _protect((*permissions.protected_paths, *own_package_dirs()), permissions.writable_roots)
     for bind in extra_binds:
         argv += ["--ro-bind", bind, bind]
-    masks, covers = hiding(permissions, cwd=cwd, extra_binds=extra_binds, hidden=hidden)
+    masks, covers = hiding(permissions, cwd=cwd, extra_binds=extra_binds, hidden=hidden, private_tmp=private_tmp)
     for directory in masks:
         argv += ["--tmpfs", directory]
     for path in covers:
@@ -245,7 +245,22 @@ def bwrap_argv(
     if not permissions.network:
         argv.append("--unshare-net")
     argv += ["--chdir", cwd, "--"]
-    return argv
+    return argv + no_setid_prefix()
+
+
+def no_setid_prefix() -> list[str]:
+    """``[launcher, "--no-setid", "--"]``: the first command inside every bwrap sandbox, which
+    forbids giving a file the set-user-ID or set-group-ID bit before it execs the real command
+    (``execgate-seccomp-launch --no-setid``; seccomp_launch.c says why: root in a root session's
+    sandbox is the host's uid 0, and a set-user-ID root file it leaves in a writable root would
+    give root to any local user). Empty where the launcher is not built (not x86_64)."""
+    from execgate.wrapper.artifacts import seccomp_launcher_path
+
+    try:
+        launcher = str(seccomp_launcher_path())
+    except FileNotFoundError:
+        return []
+    return [launcher, "--no-setid", "--"]
 
 
 def own_package_dirs() -> tuple[str, ...]:
@@ -301,7 +316,8 @@ def _protect(paths: Sequence[str], writable_roots: Sequence[str]) -> list[str]:
 
 
 def hiding(
-    permissions: Permissions, *, cwd: str, extra_binds: Sequence[str] = (), hidden: Sequence[str] = ()
+    permissions: Permissions, *, cwd: str, extra_binds: Sequence[str] = (), hidden: Sequence[str] = (),
+    private_tmp: bool = True,
 ) -> tuple[list[str], list[str]]:
     """How :func:`bwrap_argv` hides ``permissions.hidden_paths`` and ``hidden`` (absolute paths;
     each taken as written and resolved).
@@ -312,7 +328,8 @@ def hiding(
         directory (``/``, ``/etc``, ``/var``, ``/home``, …, anything under ``/proc``, ``/sys``,
         ``/dev``, ``/run``), lies in no writable root (the session could rename it, and the file
         lives where the session writes anyway) and holds no root, extra bind or ``cwd`` (they
-        would vanish). A file in a masked directory that no root shows needs nothing. Else the
+        would vanish). A file in a masked directory, or under a ``private_tmp``'s ``/tmp``, that
+        no root shows needs nothing: the sandbox's own empty tmpfs is there. Else the
         file itself is covered, if it exists (bwrap would make a missing one as a mount point)
         and is no directory: then a file put in its place on the host during the session
         (``mv token.new token``, a restarted service's new socket) is visible inside
@@ -336,8 +353,9 @@ def hiding(
                     and not any(under(directory, w) for w in writable)
                     and not any(under(k, directory) for k in keep)):
                 masked[directory] = None
-            elif any(under(path, m) for m in permissions.masked_dirs) and not any(under(path, k) for k in shown):
-                continue  # in a masked directory (the real HOME) that no root shows: out of sight already
+            elif any(under(path, m) for m in (*permissions.masked_dirs, *(("/tmp",) if private_tmp else ()))) \
+                    and not any(under(path, k) for k in shown):
+                continue  # in a masked directory (the real HOME) or the private /tmp, no root shows it
             elif os.path.lexists(path) and not os.path.isdir(path):
                 covered[path] = None
     # A file in a masked directory needs no cover of its own.

@@ -1,4 +1,4 @@
-# A small agent task for the docker-compose stack (and tests/e2e/test_compose.py).
+# A small agent task for the docker-compose stack (and tests/e2e/test_run_compose.py).
 # Every exec below is decided by the policy service.
 set -u
 echo "building in $(pwd)"

@@ -1,5 +1,7 @@
 // The execgate approval page: pending requests arrive as server-sent events from /events and are
-// answered with POST /api/resolve. Request data is shown with textContent only (never as HTML).
+// answered with POST /api/resolve. Request data is shown with textContent only (never as HTML),
+// and arrives with its control characters already escaped by the approver (\x1b, \u202e): a
+// request that held any is flagged ("controls").
 "use strict";
 
 const cards = new Map();  // request id -> {card, deadline}
@@ -46,6 +48,13 @@ function render(request) {
   text(card, ".execution", request.execution);
   text(card, ".file", request.file || "");
   if (request.children_unseen === true) card.classList.add("children-unseen");
+  if (request.controls === true) $(".controls-flag", card).hidden = false;
+  if (request.no_session_grant) {  // the file may change in place: "for the session" approves once
+    const note = $(".grant-note", card);
+    note.textContent = `No session grant possible (${request.no_session_grant}): approving for the session approves this request once.`;
+    note.hidden = false;
+    $(".approve-session", card).textContent = "Approve once (no session grant)";
+  }
   fillEnv(card, request.env);
   for (const button of card.querySelectorAll("button[data-verdict]")) {
     button.addEventListener("click", () => answer(request, card, button.dataset.verdict));

@@ -214,7 +214,8 @@ def test_readable_decision_token_does_not_authorise_approvals(attacker: Attacker
 
 def test_escalated_command_over_tcp_cannot_approve(attacker: Attacker) -> None:
     """(e) ``policy serve`` on 127.0.0.1 with a token; an escalated command with the network on
-    reads the decision token and calls Approvals over TCP."""
+    calls Approvals over TCP. It cannot read the decision token either (escalated sandboxes hide
+    what the session's hides), and without the approvals credential every call is refused."""
     work = _prepare(attacker)
     rules = _rules(work, "{ network = true }")
     address = f"127.0.0.1:{_free_port()}"
@@ -226,5 +227,5 @@ def test_escalated_command_over_tcp_cannot_approve(attacker: Attacker) -> None:
         _stop(proc)
     log = _assert_held(attacker, done, work)
     tried = [r for r in log if r.get("step") == "list" and r.get("where") == address]
-    assert any(r.get("token") for r in tried), log  # it did read and use the decision token
+    assert not any(r.get("token") for r in tried), log  # the token file is hidden from escalations too
     assert tried and all(r.get("code") == "UNAUTHENTICATED" for r in tried), log

@@ -360,6 +360,37 @@ def test_the_virtualenv_running_execgate_in_the_working_directory_stays_read_onl
         shutil.rmtree(top, ignore_errors=True)
 
 
+#: Tries every way to leave a set-ID file behind in the working directory (found by review: root
+#: in a root session's sandbox is the host's uid 0, so a set-user-ID root shell left there gives
+#: root to every local user). Each line prints name=status.
+_SETID = """
+cp /bin/true suid-chmod; chmod 4755 suid-chmod; echo chmod=$?
+cp /bin/true sgid-chmod; chmod g+s sgid-chmod; echo chmod-g=$?
+install -m 4755 /bin/true suid-install 2>/dev/null; echo install=$?
+/usr/bin/python3 -c 'import os; os.close(os.open("suid-open", os.O_CREAT | os.O_WRONLY, 0o4755))' 2>/dev/null; echo open=$?
+/usr/bin/python3 -c 'import os; os.mknod("suid-mknod", 0o104755)' 2>/dev/null; echo mknod=$?
+cp /bin/true plain; chmod 755 plain; echo control=$?
+"""
+
+
+@pytest.mark.parametrize("where", ["session", "escalated"])
+def test_no_set_id_file_can_be_left_in_a_writable_root(attacker, outside, where):
+    work = attacker.workdir()
+    if where == "session":
+        done = _run(attacker, _SETID)
+    else:
+        rules = _rules(outside, ESCALATE_DASH)
+        inner = _SETID.replace("'", "'\\''")
+        done = _run(attacker, f"dash -c '{inner}'", "--rules", str(rules))
+    out = done.stdout + done.stderr
+    assert "control=0" in done.stdout, out
+    for step in ("chmod", "chmod-g", "install", "open", "mknod"):
+        assert f"{step}=" in done.stdout and f"{step}=0" not in done.stdout, (step, out)
+    for path in work.iterdir():
+        if path.is_file():
+            assert not path.stat().st_mode & 0o6000, (path, oct(path.stat().st_mode), out)
+
+
 # ------------------------------------------------------------------ 7: the fallback socket
 
 #: A fake escalation server that answers Run to every request: 4-byte little-endian length + JSON

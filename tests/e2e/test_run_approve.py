@@ -145,3 +145,67 @@ def test_embedded_service_approver_endpoint(short_tmp: Path):
     assert outside.exists()
     assert "rule:    ask-touch — touching files needs a person" in shown
     assert not token_file.exists()  # the private directory is gone with the run
+
+
+JOB_RULES = """
+[[rule]]
+id = "ask-job"
+program = "job.sh"
+decision = "prompt"
+execution = "unsandboxed"
+justification = "jobs need a person"
+"""
+
+
+def test_session_grant_does_not_survive_a_rewrite_in_place(short_tmp: Path):
+    """Attack D: the session's own ``./job.sh`` is approved for the session ([s]), then rewritten
+    in place (``>`` keeps device and inode) to touch a file outside the sandbox, and run again.
+    The approver was told no session grant is possible (the caller can change the file); the
+    second run is asked again, denied, and the new content never runs."""
+    rules = write_rules(short_tmp / "rules.toml", JOB_RULES)
+    address = f"unix://{short_tmp}/policy.sock"
+    log = short_tmp / "audit.jsonl"
+    work = short_tmp / "work"
+    work.mkdir()
+    outside = short_tmp / "outside"  # hidden by the sandbox's private /tmp: only an escalation can create it
+    serve_log = (short_tmp / "serve.log").open("w")
+    serve = subprocess.Popen(
+        [*CLI, "policy", "serve", "--listen", address, "--rules", str(rules), "--audit-log", str(log),
+         "--approver-wait", "20", "--approval-timeout", "30"],
+        stdout=subprocess.DEVNULL, stderr=serve_log, text=True,
+    )
+    serve_log.close()
+    approver = None
+    try:
+        _wait_healthy(address, serve)
+        approver = subprocess.Popen(
+            [*CLI, "approve", "--policy", address, "--name", "e2e-person"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        assert approver.stdin is not None
+        # For the session; then (asked again) deny with a reason.
+        approver.stdin.write("s\nn\nrewritten\n")
+        approver.stdin.flush()
+
+        script = ("printf '#!/bin/sh\\necho first-job\\n' > job.sh; chmod +x job.sh; ./job.sh; echo \"first=$?\"; "
+                  f"printf '#!/bin/sh\\ntouch {outside}\\necho second-job\\n' > job.sh; ./job.sh; echo \"second=$?\"")
+        done = execgate("run", "--policy", address, "--sandbox", "bwrap", "--cwd", str(work), "-q", "--", script)
+        try:
+            shown, _ = approver.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # answers left unread (nothing asked again): it waits for a request
+            approver.kill()
+            shown, _ = approver.communicate()
+    finally:
+        for proc in (approver, serve):
+            if proc is not None:
+                _stop(proc)
+
+    assert not outside.exists(), (done.stdout, shown)
+    assert done.stdout == "first-job\nfirst=0\nsecond=1\n", (done.stdout, done.stderr)
+    assert "Execution denied: rewritten\n" in done.stderr
+    assert shown.count("rule:    ask-job — jobs need a person") == 2, shown
+    assert shown.count("no session grant possible (the caller can change this file") == 2, shown
+    assert "   sent (approved once: no session grant possible)\n" in shown
+    jobs = [r for r in audit_records(log) if r["rule_id"] == "ask-job"]
+    assert [(r["decision"], r["approver"]) for r in jobs] == [("escalate", "e2e-person"), ("deny", "e2e-person")]
+    assert "no session grant" in jobs[0]["reason"]

@@ -313,6 +313,8 @@ def test_with_no_page_open_the_web_approver_is_not_an_approver(short_tmp: Path):
     (["--web", "localhost"], "--web wants HOST:PORT, not 'localhost'"),
     (["--web", "127.0.0.1:0", "--web-token-file", "/nonexistent/token"], "No such file or directory"),
     (["--web", "127.0.0.1:0", "--web-token-file", "SHORT"], "the web login token must have at least 16 characters"),
+    (["--web", "0.0.0.0:0"], "a plain HTTP page beyond loopback would send the login token in clear"),
+    (["--web", "[::]:0"], "pass --web-insecure"),
 ])
 def test_bad_web_options_exit_2_with_a_message(options: list[str], message: str, short_tmp: Path):
     (short_tmp / "SHORT").write_text("hunter2\n")

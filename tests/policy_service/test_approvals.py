@@ -12,20 +12,27 @@ import grpc
 import pytest
 
 from execgate.policy_service.server import PolicyServer
+from execgate.server import policy_codec as codec
 from execgate.v1 import approvals_pb2 as apb
 from execgate.v1 import approvals_pb2_grpc
 from execgate.v1 import policy_pb2 as pb
 from execgate.v1 import policy_pb2_grpc
 
+from identity_support import system_facts
 from policy_fixtures import rules_file, release_grpc_objects, service  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.anyio
 
 
-def ls_request(session_id: str = "s-1", *args: str) -> pb.DetermineActionRequest:
+def ls_request(session_id: str = "s-1", *args: str, program: str = "/usr/bin/ls", workdir: str = "/tmp",
+               **identity: object) -> pb.DetermineActionRequest:
+    """A request for ``program`` (an ``ls``, which the rules prompt for) with the facts a server
+    sends for it (:func:`system_facts`: root-owned in a system directory, the caller's own under
+    /tmp; ``identity`` overrides single fields, ``identity=None`` sends none)."""
+    facts = None if identity.get("identity", True) is None else system_facts(program, **identity)
     return pb.DetermineActionRequest(
         session=pb.SessionContext(session_id=session_id, labels={"agent": "a"}),
-        target=pb.ExecTarget(program="/usr/bin/ls", argv=["ls", *args], workdir="/tmp"),
+        target=codec.target_to_pb(program, ["ls", *args], workdir, facts),
     )
 
 
@@ -138,8 +145,9 @@ async def test_approve_for_session(service) -> None:
         with pytest.raises(asyncio.TimeoutError):
             await approver.next(timeout=0.3)  # no new pending request was published
 
-        # The grant covers only that session and that exact argv.
-        for request in (ls_request("s-2", "/etc"), ls_request("s-1", "/root")):
+        # The grant covers only that session, that exact argv and that working directory.
+        for request in (ls_request("s-2", "/etc"), ls_request("s-1", "/root"),
+                        ls_request("s-1", "/etc", workdir="/srv")):
             asking = asyncio.ensure_future(determine(channel, request))
             pending = await approver.next()
             assert pending.session.session_id == request.session.session_id
@@ -202,3 +210,70 @@ async def test_grpc_policy_waits_past_its_ordinary_deadline_for_a_prompt(service
     assert approved.action == "escalate" and not approved.error
     assert silent.action == "deny" and not silent.error and "timed out" in (silent.reason or "")
     assert 1.0 <= elapsed < 2.5
+
+
+async def test_session_grant_never_covers_a_file_the_caller_can_modify(service) -> None:
+    """Attack D: approved for the session, the caller's own ``./job.sh`` is rewritten in place
+    (same device and inode) and run again. The approval must not cover it: "for the session"
+    counts as once, the approver is told so with the request, and the next exec asks again."""
+    from execgate.policy_service.approver import describe
+
+    own = {"program": "/tmp/w/ls", "workdir": "/tmp/w"}  # caller_can_modify (identity_support)
+    async with service() as server, grpc.aio.insecure_channel(server.addresses[0]) as channel:
+        approver = await Approver(server, channel).connected()
+        asking = asyncio.ensure_future(determine(channel, ls_request("s-1", "job", **own)))
+        pending = await approver.next()
+        assert pending.target.identity.caller_can_modify
+        shown = describe(pending)
+        assert "no session grant possible (the caller can change this file" in shown, shown
+        assert "[s] approves this request once" in shown
+        await approver.resolve(pending, apb.VERDICT_APPROVE_FOR_SESSION)
+        first = await asking
+        assert first.WhichOneof("action") == "escalate" and first.approver == "alice"
+        assert "approved once: no session grant, the caller can change this file" in first.reason
+
+        # The very same request (same device and inode: a rewrite in place) asks again.
+        asking = asyncio.ensure_future(determine(channel, ls_request("s-1", "job", **own)))
+        again = await approver.next()
+        assert list(again.target.argv) == ["ls", "job"]
+        await approver.resolve(again, apb.VERDICT_DENY, "rewritten")
+        denied = await asking
+        assert denied.WhichOneof("action") == "deny" and denied.deny.reason == "rewritten"
+
+        # No identity at all (an older server): no grant either.
+        asking = asyncio.ensure_future(determine(channel, ls_request("s-1", "x", identity=None)))
+        pending = await approver.next()
+        assert "no session grant possible (the file was not identified)" in describe(pending)
+        await approver.resolve(pending, apb.VERDICT_APPROVE_FOR_SESSION)
+        assert (await asking).WhichOneof("action") == "escalate"
+        asking = asyncio.ensure_future(determine(channel, ls_request("s-1", "x", identity=None)))
+        await approver.resolve(await approver.next(), apb.VERDICT_DENY)
+        assert (await asking).WhichOneof("action") == "deny"
+        await approver.close()
+
+
+async def test_session_grant_covers_a_root_owned_file_in_that_directory_only(service, short_tmp: Path) -> None:
+    """A root-owned system file the caller cannot change keeps its grant (no note shown); the same
+    command in another working directory asks again (an escalation's effect depends on it)."""
+    from execgate.policy_service.approver import describe
+
+    audit = short_tmp / "audit.jsonl"
+    async with service(audit_log=audit) as server, grpc.aio.insecure_channel(server.addresses[0]) as channel:
+        approver = await Approver(server, channel).connected()
+        asking = asyncio.ensure_future(determine(channel, ls_request("s-1", "-R", workdir="/srv/a")))
+        pending = await approver.next()
+        assert not pending.target.identity.caller_can_modify and "no session grant" not in describe(pending)
+        await approver.resolve(pending, apb.VERDICT_APPROVE_FOR_SESSION)
+        assert (await asking).reason == "approved for this session"
+        granted = await determine(channel, ls_request("s-1", "-R", workdir="/srv/a"))
+        assert granted.WhichOneof("action") == "escalate" and granted.reason == "approved earlier for this session"
+        assert approver.queue.empty()
+
+        elsewhere = asyncio.ensure_future(determine(channel, ls_request("s-1", "-R", workdir="/srv/b")))
+        pending = await approver.next()
+        assert pending.target.workdir == "/srv/b"
+        await approver.resolve(pending, apb.VERDICT_DENY, "not there")
+        assert (await elsewhere).deny.reason == "not there"
+        await approver.close()
+    lines = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert [line["decision"] for line in lines] == ["escalate", "escalate", "deny"]

@@ -109,3 +109,39 @@ async def test_wrong_credential_is_an_error_even_with_no_input(service, short_tm
         out, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 1, (out, err)
     assert b"UNAUTHENTICATED" in err
+
+
+async def test_piped_approver_shows_a_spoofing_request_escaped(service) -> None:
+    """Attack C through the CLI: the reviewer's working directory (cursor up, erase the line,
+    redraw a harmless argv and cwd) and bidi overrides in argv reach a real ``execgate approve``
+    over a real service. Its output holds no control character, shows each escaped, flags the
+    request, and keeps the real argv on its own line."""
+    from test_approvals_display import SPOOF_DIR
+
+    request = pb.DetermineActionRequest(
+        session=pb.SessionContext(session_id="s-9", labels={"team": "blue"}),
+        target=pb.ExecTarget(program="/usr/bin/ls", argv=["ls", "-exec", "./pwned\u202e;", "\x9b2J"],
+                             workdir=f"/srv/{SPOOF_DIR}"),
+    )
+    async with service() as server, grpc.aio.insecure_channel(server.addresses[0]) as channel:
+        proc = await _start_approver(server)
+        try:
+            asking = asyncio.ensure_future(policy_pb2_grpc.EscalationPolicyStub(channel).DetermineAction(
+                request, timeout=20))
+            proc.stdin.write(b"n\nspoofed\n")
+            denied = (await asking).decision
+            proc.stdin.close()
+            out, err = await asyncio.wait_for(proc.communicate(), 20)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert proc.returncode == 0, err.decode()
+    assert denied.deny.reason == "spoofed"
+    text = out.decode()
+    bad = sorted({hex(ord(c)) for c in text if not c.isprintable() and c != "\n"})
+    assert not bad, (bad, text)
+    assert "   WARNING: this request contains control characters, shown escaped" in text
+    assert "   argv:    ls -exec './pwned\\u202e;' '\\x9b2J'\n" in text
+    assert ("   cwd:     /srv/\\x1b[1A\\x0d\\x1b[2K   argv:    find . -name '*.log' -mtime +7\\x0a\\x0d\\x1b[2K"
+            "   cwd:     /tmp/w4\n") in text

@@ -3,6 +3,7 @@ health, reflection, env cleaning, sandboxed command lines, audit log."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
@@ -214,17 +215,88 @@ async def test_audit_log_one_line_per_decision(service, short_tmp: Path) -> None
 async def test_granted_profile_writes_the_working_dir_only_where_the_session_could(service) -> None:
     profile = pb.Permissions(network=True)
     sandboxed = pb.SessionContext(session_id="s-3", sandbox=pb.Permissions(writable_roots=["/srv/ws"]))
-    unconfined = pb.SessionContext(session_id="s-4")
     async with service() as server:
         address = server.addresses[0]
         elsewhere = await prepare(address, target("/usr/bin/env", workdir="/etc"), pb.Execution(permissions=profile), sandboxed)
-        free = await prepare(address, target("/usr/bin/env", workdir="/srv/proj"), pb.Execution(permissions=profile), unconfined)
-        system = await prepare(address, target("/usr/bin/env", workdir="/"), pb.Execution(permissions=profile), unconfined)
 
-    def binds(prepared: pb.PreparedExec) -> list[str]:
-        cmd = list(prepared.command)
-        return [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--bind-try"]
+    cmd = list(elsewhere.command)
+    binds = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--bind-try"]
+    assert binds == ["/srv/ws"]  # `cd /etc; git clone …` cannot make /etc writable
 
-    assert binds(elsewhere) == ["/srv/ws"]  # `cd /etc; git clone …` cannot make /etc writable
-    assert binds(free) == ["/srv/proj"]  # an unconfined shell could write there anyway
-    assert binds(system) == []  # but `cd /` never makes the whole file system writable
+
+async def test_a_session_without_a_sandbox_gets_no_less_than_its_shell(service) -> None:
+    """Issue #12 item 8: with no sandbox, a permissions profile is the plain program, as the
+    shell would run it (a private /tmp hid ../a from git pull, a read-only HOME broke npm)."""
+    unconfined = pb.SessionContext(session_id="s-4")
+    async with service() as server:
+        address = server.addresses[0]
+        got = {
+            name: await prepare(address, target("/usr/bin/env", "-0", workdir=workdir), execution, unconfined)
+            for name, workdir, execution in (
+                ("network", "/srv/proj", pb.Execution(permissions=pb.Permissions(network=True))),
+                ("offline", "/", pb.Execution(permissions=pb.Permissions(writable_roots=["/var/cache/x"]))),
+                ("session", "/srv/proj", pb.Execution(session_default=pb.SessionDefault())),
+            )
+        }
+    for name, prepared in got.items():
+        assert list(prepared.command) == ["/usr/bin/env", "-0"] and prepared.arg0 == "env", name
+        # The environment is still the rule's allowlist, not the caller's.
+        assert "LD_PRELOAD" not in prepared.env and prepared.env["PATH"] == SAFE_PATH, name
+
+
+SET_ENV_RULES = '''
+[[rule]]
+id = "git-net"
+program = "git"
+prefix = [["ls-remote", "pull"]]
+decision = "escalate"
+execution = { network = true }
+allow_env = ["GIT_TERMINAL_PROMPT"]
+set_env = { GIT_SSH_COMMAND = "ssh -o BatchMode=yes", GIT_NEW = "1" }
+
+[[rule]]
+id = "git-ask"
+program = "git"
+prefix = ["push"]
+decision = "prompt"
+allow_env = ["GIT_TERMINAL_PROMPT"]
+set_env = { GIT_SSH_COMMAND = "ssh -o BatchMode=yes" }
+'''
+
+
+async def test_set_env_reaches_the_command_and_withheld_variables_are_noted(service, short_tmp: Path) -> None:
+    from execgate.policy_service import rules as rules_api
+
+    path = short_tmp / "set-env.toml"
+    path.write_text(SET_ENV_RULES)
+    store = rules_api.RulesStore([path])
+    caller = {"GIT_SSH_COMMAND": "echo FAKE; false", "GIT_SSH": "/bin/false", "GIT_TERMINAL_PROMPT": "0",
+              "LD_PRELOAD": "/x.so", "PWD": "/tmp"}
+    tgt = target("/usr/bin/git", "ls-remote", "ssh://h/x")
+    async with service(rules=store) as server, grpc.aio.insecure_channel(server.addresses[0]) as channel:
+        stub = policy_pb2_grpc.EscalationPolicyStub(channel)
+        decided = (await stub.DetermineAction(pb.DetermineActionRequest(session=SESSION, target=tgt, env=caller),
+                                              timeout=5)).decision
+        prepared = (await stub.PrepareEscalatedExec(pb.PrepareEscalatedExecRequest(
+            session=SESSION, target=tgt, env=caller, execution=decided.escalate.execution), timeout=5)).prepared
+        quiet = (await stub.DetermineAction(pb.DetermineActionRequest(
+            session=SESSION, target=tgt, env={"GIT_TERMINAL_PROMPT": "0", "LD_PRELOAD": "/x.so"}), timeout=5)).decision
+        broker = server.decisions.approvals
+        async with broker.subscribe() as queue:  # an approver, connected before the prompt
+            pending = asyncio.ensure_future(stub.DetermineAction(pb.DetermineActionRequest(
+                session=SESSION, target=target("/usr/bin/git", "push"), env=caller), timeout=5))
+            request = await asyncio.wait_for(queue.get(), 5)
+            await broker.resolve(request.request_id, "once", approver="t")
+            approved = (await pending).decision
+    # The rule's values win over the caller's; the caller's GIT_SSH* never pass; nothing else does.
+    assert dict(prepared.env) == {"GIT_SSH_COMMAND": "ssh -o BatchMode=yes", "GIT_NEW": "1",
+                                  "GIT_TERMINAL_PROMPT": "0", "PATH": SAFE_PATH}
+    # One note names what the caller set and did not get, and what the rule set instead.
+    assert decided.WhichOneof("action") == "escalate"
+    assert "without your GIT_SSH, GIT_SSH_COMMAND" in decided.note
+    assert "GIT_SSH_COMMAND='ssh -o BatchMode=yes' is the rule's own" in decided.note
+    assert 'allow_env = ["GIT_SSH"]' in decided.note and "LD_PRELOAD" not in decided.note
+    assert quiet.WhichOneof("action") == "escalate" and quiet.note == ""  # nothing withheld: no note
+    # A prompt shows the approver the environment with the rule's values; approved, it notes too.
+    assert dict(request.env)["GIT_SSH_COMMAND"] == "ssh -o BatchMode=yes"
+    assert approved.WhichOneof("action") == "escalate" and "without your GIT_SSH, GIT_SSH_COMMAND" in approved.note

@@ -22,3 +22,11 @@ def test_a_burst_per_kind_then_drops_reported_after_the_window():
     record = _record("session %s: protocol error: %s", "s1", 10)
     assert limit.filter(record)
     assert record.getMessage() == "session s1: protocol error: 10 (7 more like this dropped in the last 60 s)"
+
+
+def test_visible_formatter_escapes_the_message_only():
+    from execgate.server.logfilter import VisibleFormatter
+
+    record = _record("session %s: cannot run %s", "s1", "/tmp/x\x1b[2J\u202e")
+    assert VisibleFormatter("execgate: %(levelname)s: %(message)s").format(record) == \
+        "execgate: WARNING: session s1: cannot run /tmp/x\\x1b[2J\\u202e"

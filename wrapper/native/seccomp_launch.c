@@ -2,6 +2,7 @@
  * seccomp_launch.c — execgate's seccomp backstop launcher (docs/DESIGN.md §6, issue #10):
  *
  *     execgate-seccomp-launch FD PROGRAM ARGV0 ARGV1 ...
+ *     execgate-seccomp-launch --no-setid -- PROGRAM ARG1 ...
  *     execgate-seccomp-launch --probe
  *
  * Sets no_new_privs, installs a seccomp filter whose every execve/execveat (x86_64 and i386
@@ -18,6 +19,17 @@
  *
  * --probe installs the same filter in this process and exits 0 if the kernel allows it here;
  * otherwise it prints the reason and exits 1.
+ *
+ * --no-setid (the first command inside every bwrap sandbox, sandbox.py) sets no_new_privs and
+ * installs a filter, independent of the backstop, under which no process can give a file the
+ * set-user-ID or set-group-ID bit: chmod, fchmod, fchmodat, fchmodat2 with S_ISUID or S_ISGID in
+ * the mode, and open, openat, creat, mknod, mknodat asking for either bit, fail with EPERM;
+ * openat2 (whose mode sits in a struct the filter cannot read) fails with ENOSYS, so callers fall
+ * back to openat. Why: root inside a root session's sandbox is the host's uid 0 (its user
+ * namespace maps 0 to 0), and a file's owner needs no capability to set its set-ID bits
+ * (chmod(2)), so a set-user-ID root copy of a shell left in the working directory would hand
+ * root to every local user. Then it execs PROGRAM with argv PROGRAM ARG1 ... as bwrap would
+ * (execvp: a PATH search; the preload shim, if loaded, gates it).
  *
  * Exit statuses: 2 usage; 126 the filter could not be installed, the listener not sent, or the exec
  * failed (ENOSYS from a closed listener: the server did not take it); 127 PROGRAM not found.
@@ -93,6 +105,59 @@ static int install_filter(void)
     return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog);
 }
 
+/* The --no-setid filter, built at run time: per checked call, one self-contained block of five
+   instructions (A holds the call number on entry and again when the block is left untaken). */
+#define SETID_BITS 06000u /* S_ISUID | S_ISGID */
+#define ARG_LOW(i) (offsetof(struct seccomp_data, args) + 8 * (i)) /* low 32 bits, little endian */
+#define MAX_SETID_FILTER 128
+
+struct checked { unsigned nr; unsigned mode_arg; };
+
+/* x86_64 (also x32, whose numbers for these calls are the same with X32_BIT set) and i386. */
+static const struct checked calls64[] = {
+    {90, 1}, {91, 1}, {268, 2}, {452, 2}, {2, 2}, {257, 3}, {85, 1}, {133, 1}, {259, 2},
+};
+static const struct checked calls32[] = {
+    {15, 1}, {94, 1}, {306, 2}, {452, 2}, {5, 2}, {295, 3}, {8, 1}, {14, 1}, {297, 2},
+};
+#define OPENAT2 437u
+
+static int emit_calls(struct sock_filter *f, int n, const struct checked *calls, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, calls[i].nr, 0, 4);
+        f[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_LOW(calls[i].mode_arg));
+        f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, SETID_BITS, 0, 1);
+        f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+        f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+    }
+    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, OPENAT2, 0, 1);
+    f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS);
+    f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+    return n;
+}
+
+static int install_no_setid(void)
+{
+    struct sock_filter f[MAX_SETID_FILTER];
+    int n = 0;
+    f[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
+    int is64 = n;
+    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 0, 0); /* jf patched */
+    f[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+    f[n++] = (struct sock_filter)BPF_STMT(BPF_ALU | BPF_AND | BPF_K, ~X32_BIT);
+    n = emit_calls(f, n, calls64, sizeof calls64 / sizeof calls64[0]);
+    f[is64].jf = (unsigned char)(n - is64 - 1);
+    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_I386, 1, 0);
+    f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+    f[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+    n = emit_calls(f, n, calls32, sizeof calls32 / sizeof calls32[0]);
+    struct sock_fprog prog = {.len = (unsigned short)n, .filter = f};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        return -1;
+    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+}
+
 static int send_listener(int sock, int listener)
 {
     char payload[] = LISTENER_MESSAGE;
@@ -137,9 +202,21 @@ int main(int argc, char *argv[])
         }
         return 0;
     }
+    if (argc >= 4 && strcmp(argv[1], "--no-setid") == 0 && strcmp(argv[2], "--") == 0) {
+        if (install_no_setid() != 0) {
+            fprintf(stderr, "%s: cannot install the set-ID filter: %s\n", me, strerror(errno));
+            return 126;
+        }
+        /* execvp, as bwrap itself runs its command: a PATH search, and the preload shim (when it
+           is in the environment) gates this exec as it gated bwrap's. */
+        execvp(argv[3], &argv[3]);
+        int err = errno;
+        fprintf(stderr, "%s: cannot execute %s: %s\n", me, argv[3], strerror(err));
+        return err == ENOENT ? 127 : 126;
+    }
     int sock = argc >= 4 ? parse_fd(argv[1]) : -1;
     if (sock < 0) {
-        fprintf(stderr, "usage: %s FD PROGRAM ARGV0 [ARGS...] | --probe\n", me);
+        fprintf(stderr, "usage: %s FD PROGRAM ARGV0 [ARGS...] | --no-setid -- PROGRAM [ARGS...] | --probe\n", me);
         return 2;
     }
     int listener = install_filter();
