@@ -181,6 +181,9 @@ class GrpcPolicy:
         self.cache: DecisionCache | None = DecisionCache() if cache is True else (cache or None)
         self._record_call: grpc.aio.UnaryUnaryMultiCallable | None = None
         self._cache_ok = True
+        #: When a call last succeeded (monotonic s); hits are made only within ``_contact_s`` of it.
+        self._last_contact = float("-inf")
+        self._contact_s = 3 * audit_interval_s
         #: The audit of cache hits (``cached_audit.lost`` counts lines that never reached the service).
         self.cached_audit = CachedAudit(self._record_cached, on_fingerprint=self._observe_fingerprint,
                                         interval_s=audit_interval_s, batch=audit_batch,
@@ -274,6 +277,7 @@ class GrpcPolicy:
             describe_answer(span, decision.decision_id, decision.action, decision.rule_id)
         if self.cache is not None:
             self._cache_ok = True
+            self._last_contact = time.monotonic()
             self._maybe_cache(response, prompted, decision, session, program, argv, workdir, facts)
         self.metrics.calls.labels("DetermineAction").observe(time.monotonic() - started)
         self.metrics.decisions.labels(decision.action).inc()
@@ -295,12 +299,16 @@ class GrpcPolicy:
         self.cache.put(session, program, tuple(argv), workdir, facts, decision, hint)
 
     def _cache_usable(self) -> bool:
-        """Answer from the cache only while the service is reachable: the last call succeeded and
-        the channel is READY (gRPC's own view, health checking included). A service that is down
-        or unhealthy gets every exec denied as before (fail closed), and no hit is made that
-        could not be audited."""
+        """Answer from the cache only while the service is reachable: the last call succeeded, one
+        succeeded within the last ``3 × audit_interval_s`` seconds (the audit of hits flushes
+        every ``audit_interval_s``, so a steady stream of hits keeps it fresh), and the channel is
+        READY (gRPC's own view, health checking included). A service that is down, unhealthy or
+        hung (a frozen process keeps its connection READY) gets every exec decided, and so denied,
+        as without the cache once that window has passed (fail closed); no hit is made that could
+        not be audited."""
         channel = self._channel
         return (self._cache_ok and channel is not None and self._loop is asyncio.get_running_loop()
+                and time.monotonic() - self._last_contact <= self._contact_s
                 and channel.get_state() == grpc.ChannelConnectivity.READY)
 
     def _cache_fault(self) -> None:
@@ -355,6 +363,7 @@ class GrpcPolicy:
             self._cache_fault()  # hits that cannot be audited are not made
             raise
         self.metrics.calls.labels("RecordCachedDecisions").observe(time.monotonic() - started)
+        self._last_contact = time.monotonic()
         return response.rules_fingerprint
 
     def _failed(self, method: str, exc: Exception, started: float, *, count_error: bool = True) -> None:

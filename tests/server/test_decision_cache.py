@@ -19,7 +19,9 @@ import gc
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import AsyncIterator, NamedTuple
@@ -498,3 +500,39 @@ async def test_fail_closed_and_prompt_decisions_carry_no_hint(short_tmp: Path) -
     record = CachedRecord(SessionContext("s"), "/bin/true", ["true"], "/", None, Decision.run(decision_id="c" * 32),
                           "nope", 0, 0.0)
     assert await service.record_cached([record]) == 1
+
+
+async def test_a_hung_service_stops_cached_answers_within_the_contact_window(short_tmp: Path) -> None:
+    """A frozen policy service (SIGSTOP) keeps its connection READY: hits are still made only
+    within 3 audit intervals of the last call that succeeded; past it every exec is decided again,
+    and so denied (found by review: cached Runs went on for the 5 s of the audit call's deadline)."""
+    rules = short_tmp / "serve.toml"
+    rules.write_text(RULES)
+    address = f"unix://{short_tmp / 'serve.sock'}"
+    service = subprocess.Popen([sys.executable, "-m", "execgate.server.cli", "policy", "serve", "--listen", address,
+                                "--rules", str(rules), "--no-default-rules", "--cache-ttl", "60"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    policy = GrpcPolicy(address, timeout_s=1.0, audit_interval_s=0.2)
+    try:
+        assert service.stderr is not None
+        while "listening on" not in (line := service.stderr.readline()):
+            assert line, "policy serve exited before listening"
+        escalate = EscalateServer("/bin/sh", str(native_wrapper_path()), policy, socket_dir=str(short_tmp))
+        tool = short_tmp / "tool"
+        shutil.copy("/bin/true", tool)
+        async with escalate.start_session() as session:
+            assert [(await run(session, tool)).status for _ in range(3)] == [0, 0, 0]
+            assert policy.stats["cache_hit"] == 2  # cached while the service answers
+            service.send_signal(signal.SIGSTOP)
+            await asyncio.sleep(3 * 0.2 + 0.5)  # past the contact window (and a flush that hangs)
+            hung = await run(session, tool)
+            service.send_signal(signal.SIGCONT)
+        assert hung.status == 1 and hung.stderr.startswith("Execution denied: policy service error"), hung
+        assert policy.stats["cache_hit"] == 2
+    finally:
+        service.send_signal(signal.SIGCONT)
+        await policy.aclose()
+        service.kill()
+        service.wait()
+        if service.stderr is not None:
+            service.stderr.close()
