@@ -15,7 +15,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: python bench/run.py
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import execpath, latency, sessions  # noqa: E402
+from bench import cache, execpath, latency, sessions  # noqa: E402
 from bench.common import Figure, PolicyProcess, machine, vm_kib, workdir  # noqa: E402
 
 #: Targets from issue 6 (value units as in each figure).
@@ -34,16 +34,18 @@ FIGURE_NAMES = (
     "decision_p50_ms", "decision_p99_ms", "decision_max_ms", "decision_rate_achieved",
     "throughput_decisions_per_s", "throughput_errors", "server_rss_100_sessions_mb", "policy_rss_after_load_mb",
     "run_native_backstop_share_ms", "run_native_backstop_cpu_ms", "backstop_decided_ms_per_exec",
+    "run_native_cached_ms_per_exec", "run_native_uncached_ms_per_exec",
+    "build_gated_ratio", "build_uncached_ratio", "build_execs", "build_cache_hit_rate",
 )
 
 MODES = {
     #          run N, reps, python N, reps, escalate N, reps, rate/s, seconds, sessions, execs, cold reps
     "smoke": dict(run_n=5, run_reps=1, py_n=5, py_reps=1, esc_n=5, esc_reps=1, rate=100.0, seconds=0.05,
-                  sessions=32, execs=5, cold_reps=3),
+                  sessions=32, execs=5, cold_reps=3, build_files=4, build_reps=1),
     "quick": dict(run_n=100, run_reps=3, py_n=20, py_reps=2, esc_n=50, esc_reps=3, rate=1000.0, seconds=2.0,
-                  sessions=32, execs=50, cold_reps=10),
+                  sessions=32, execs=50, cold_reps=10, build_files=40, build_reps=1),
     "full": dict(run_n=500, run_reps=5, py_n=100, py_reps=3, esc_n=200, esc_reps=5, rate=1000.0, seconds=10.0,
-                 sessions=32, execs=200, cold_reps=20),
+                 sessions=32, execs=200, cold_reps=20, build_files=40, build_reps=3),
 }
 IDLE_SESSIONS = 100
 
@@ -113,6 +115,8 @@ def run(params: dict[str, float]) -> list[Figure]:
         finally:
             service.stop()
         add(execpath.backstop_share(int(params["run_n"]), int(params["run_reps"]), cwd))
+        add(cache.run_path_cache(int(params["run_n"]), int(params["run_reps"]), cwd))
+        add(cache.build(cwd, int(params["build_files"]), int(params["build_reps"])))
     return figs
 
 

@@ -4,7 +4,11 @@ Each line is a JSON object with the keys of :class:`AuditRecord`: ``time`` (RFC 
 ``decision_id``, ``session_id``, ``labels``, ``program``, ``argv``, ``workdir``, ``decision``
 (run / escalate / deny), ``rule_id``, ``reason``, ``approver``, ``latency_ms``, ``error``,
 ``file_kind`` (the file's tags, e.g. ``["elf64", "static"]``; null when the server learnt
-nothing) and ``children_unseen`` (true: what the program execs is not seen; null: unknown).
+nothing), ``children_unseen`` (true: what the program execs is not seen; null: unknown) and
+``cached`` (true when the escalation server answered from its decision cache, docs/DESIGN.md §9;
+such a line also has ``cached_from``, the decision id of the answer the entry came from, and
+``cache_verified``: true when this service issued that answer, as cacheable, for the same key
+— false for an answer of another replica, one forgotten, or a claim that does not match).
 Lines are appended and flushed one by one, so ``tail -f`` and a crash both see whole lines.
 """
 
@@ -42,6 +46,9 @@ class AuditRecord:
         file_kind: the file's tags (:func:`execgate.server.fileinfo.kinds`), None if unknown.
         children_unseen: True if the program's own execs are not seen; None if unknown.
         time: when the decision was made (UTC).
+        cached: True when the escalation server answered from its decision cache.
+        cached_from: for a cached line, the decision id of the answer the cache entry came from.
+        cache_verified: for a cached line, whether this service issued that answer for this key.
     """
 
     decision_id: str
@@ -59,10 +66,15 @@ class AuditRecord:
     file_kind: Sequence[str] | None = None
     children_unseen: bool | None = None
     time: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))
+    cached: bool = False
+    cached_from: str = ""
+    cache_verified: bool = False
 
     def to_json(self) -> str:
         """The record as one compact JSON line (no trailing newline)."""
         data = dataclasses.asdict(self)
+        if not self.cached:  # only cached lines carry where they came from
+            del data["cached_from"], data["cache_verified"]
         data["time"] = self.time.isoformat(timespec="milliseconds").replace("+00:00", "Z")
         data["labels"] = dict(self.labels)
         data["argv"] = list(self.argv)

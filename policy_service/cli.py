@@ -98,6 +98,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="on SIGTERM, seconds in-flight calls get to finish (default 5)")
     p.add_argument("--rules-poll", type=float, default=1.0, metavar="S",
                    help="seconds between checks of the rules files for changes (default 1)")
+    p.add_argument("--cache-ttl", type=float, default=60.0, metavar="S",
+                   help="seconds an escalation server may reuse a Run or Deny the rules alone decided "
+                        "(its decision cache; each reuse is still audited, marked cached); 0 disables "
+                        "(default 60)")
     state = p.add_argument_group("replicas", "share pending approvals, session grants and the audit stream with "
                                              "other replicas through Redis (needs the 'redis' extra)")
     state.add_argument("--state", metavar="URL",
@@ -183,6 +187,8 @@ def _check_state_options(args: argparse.Namespace) -> str | None:
         ModuleNotFoundError: ``--state`` without redis-py (the ``redis`` extra).
         OSError: the password file cannot be read.
     """
+    if not args.cache_ttl >= 0:
+        raise ValueError("--cache-ttl must be 0 (no cache) or more seconds")
     if args.state is None:
         if args.state_password_file:
             raise ValueError("--state-password-file needs --state")
@@ -219,6 +225,7 @@ async def _serve_async(
             rules_poll_s=args.rules_poll, metrics_listen=metrics_listen,
             metrics=PolicyMetrics(tracer_provider=tracing.provider if tracing else None),
             state=args.state, state_password=state_password, audit_stream_maxlen=args.audit_stream_maxlen,
+            cache_ttl_s=args.cache_ttl,
         ) as server:
             if server.metrics_url:
                 log.info("metrics on %s", server.metrics_url)

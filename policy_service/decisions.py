@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
+import hashlib
 import logging
 import os
 import time
 import uuid
+from collections import OrderedDict
 from typing import Awaitable, Callable, Mapping, NamedTuple, Protocol, Sequence
 
 from execgate.policy_service.approvals import ApprovalBroker
 from execgate.policy_service.audit import AuditLog, AuditRecord
 from execgate.policy_service.envclean import clean_env, withheld_note
 from execgate.policy_service.state import ApprovalState, InProcessState, SharedState, StateUnavailable
-from execgate.server.policy import Decision, ExecFacts, Execution, Permissions, PreparedExec, SessionContext
+from execgate.server.policy import CacheHint, Decision, ExecFacts, Execution, Permissions, PreparedExec, SessionContext
 from execgate.server.sandbox import bwrap_argv, find_bwrap, in_session_tmp, under, visible_inside
 
 log = logging.getLogger(__name__)
@@ -40,12 +43,39 @@ class EscalationRefused(ValueError):
 
 
 class Decided(NamedTuple):
-    """A decision, who approved it ("" when no approver was asked) and, for a prompt, how it ended
-    (:data:`~execgate.policy_service.approvals.RESULTS`; "" when the rule did not prompt)."""
+    """A decision, who approved it ("" when no approver was asked), for a prompt how it ended
+    (:data:`~execgate.policy_service.approvals.RESULTS`; "" when the rule did not prompt), whether
+    the client may cache it (:class:`~execgate.server.policy.CacheHint`, None: ask again) and the
+    fingerprint of the rules that decided ("" when unknown)."""
 
     decision: Decision
     approver: str
     prompt: str = ""
+    cache: CacheHint | None = None
+    fingerprint: str = ""
+
+
+class CachedRecord(NamedTuple):
+    """One decision an escalation server answered from its cache (``CachedDecision`` message):
+    what :meth:`DecisionService.record_cached` writes to the audit log."""
+
+    session: SessionContext
+    program: str
+    argv: Sequence[str]
+    workdir: str
+    facts: ExecFacts | None
+    decision: Decision
+    cached_from: str
+    time_unix_ms: int
+    latency_ms: float
+
+
+#: How many cacheable answers the service remembers to verify the cached lines that cite them.
+ISSUED_MEMORY = 65536
+#: A cached line may cite an answer this long (seconds) after its TTL ran out (flush and retries).
+_ISSUED_SLACK_S = 60.0
+#: A cached line's time is the client's when within this many seconds of the service's clock.
+_CLOCK_SKEW_S = 600.0
 
 
 class _Evaluation(Protocol):
@@ -83,6 +113,8 @@ class DecisionService:
             once, here at service start, in root-owned system directories
             (:func:`execgate.server.sandbox.find_bwrap`), never on a caller's PATH. None found: a
             sandboxed escalation is refused (the plain ones still work).
+        cache_ttl_s: seconds an escalation server may reuse a cacheable decision
+            (:meth:`cache_hint`; docs/DESIGN.md §9); 0 (the default here) marks nothing cacheable.
 
     Raises:
         ValueError: a relative ``bwrap``.
@@ -96,9 +128,15 @@ class DecisionService:
         audit: AuditLog | None = None,
         bwrap: str | None = None,
         state: SharedState | None = None,
+        cache_ttl_s: float = 0.0,
     ) -> None:
         if bwrap is not None and not os.path.isabs(bwrap):
             raise ValueError(f"bwrap must be an absolute path, got {bwrap!r}")
+        if not cache_ttl_s >= 0:
+            raise ValueError(f"cache_ttl_s must be >= 0, got {cache_ttl_s!r}")
+        self.cache_ttl_s = cache_ttl_s
+        # decision id → (key digest, monotonic time it stops verifying), oldest first.
+        self._issued: OrderedDict[str, tuple[bytes, float]] = OrderedDict()
         self.rules = rules
         if state is None:
             state = InProcessState(approvals if isinstance(approvals, ApprovalBroker) else None)
@@ -106,6 +144,10 @@ class DecisionService:
         self.approvals = approvals if approvals is not None else state.approvals
         self.audit = audit
         self.bwrap = bwrap if bwrap is not None else find_bwrap()
+
+    def rules_fingerprint(self) -> str:
+        """The fingerprint of the rules in force now ("" when the rules source has none)."""
+        return getattr(self.rules.current, "fingerprint", "") or ""
 
     async def decide(
         self,
@@ -138,13 +180,15 @@ class DecisionService:
         """
         started = time.monotonic()
         decision_id = uuid.uuid4().hex
+        rules = self.rules.current  # once: the answer and its fingerprint are of the same rules
+        fingerprint = getattr(rules, "fingerprint", "") or ""
         why = self.state.unavailable()
         if why is not None:  # fail closed: no shared audit stream, no shared approvals
             decided = Decided(Decision.deny(why, decision_id=decision_id, error=True), "", "")
         else:
             try:
-                decided = await self._by_rules(session, program, argv, workdir, decision_id, budget_s, on_prompt,
-                                               env, facts)
+                decided = await self._by_rules(rules, session, program, argv, workdir, decision_id, budget_s,
+                                               on_prompt, env, facts)
             except StateUnavailable as exc:  # the shared state failed while a prompt waited
                 decided = Decided(Decision.deny(str(exc), decision_id=decision_id, error=True), "", "unavailable")
         record = self._record(session, program, argv, workdir, decided.decision, decided.approver, started, facts)
@@ -157,10 +201,69 @@ class DecisionService:
                 record = self._record(session, program, argv, workdir, denied, decided.approver, started, facts)
         if self.audit is not None:
             self.audit.write(record)
-        return decided
+        if decided.cache is not None and fingerprint:
+            self._remember(decided.decision, decided.cache, session, program, argv, workdir, facts)
+        else:
+            decided = decided._replace(cache=None)
+        return decided._replace(fingerprint=fingerprint)
+
+    def _remember(self, decision: Decision, hint: CacheHint, session: SessionContext, program: str,
+                  argv: Sequence[str], workdir: str, facts: ExecFacts | None) -> None:
+        """Keep a cacheable answer's key, so that the cached lines citing it can be verified."""
+        digest = _key_digest(hint.scope, session, program, argv, workdir, facts, decision)
+        self._issued[decision.decision_id] = (hint.scope.encode() + digest,
+                                              time.monotonic() + hint.ttl_s + _ISSUED_SLACK_S)
+        while len(self._issued) > ISSUED_MEMORY:
+            self._issued.popitem(last=False)
+
+    def _verified(self, record: CachedRecord) -> bool:
+        """True when this service issued ``record.cached_from`` as cacheable for its key."""
+        issued = self._issued.get(record.cached_from)
+        if issued is None or time.monotonic() > issued[1]:
+            return False
+        scope = issued[0][:-32].decode()
+        digest = _key_digest(scope, record.session, record.program, record.argv, record.workdir, record.facts,
+                             record.decision)
+        return issued[0][-32:] == digest
+
+    async def record_cached(self, records: Sequence[CachedRecord]) -> int:
+        """Write decisions an escalation server answered from its cache to the audit log, marked
+        ``cached`` (with ``cached_from`` and ``cache_verified``), and publish them to the shared
+        audit stream first (as :meth:`decide` does). Returns how many were written.
+
+        Raises:
+            StateUnavailable: the shared state is out of reach (nothing is written then: the
+                client counts the lines as lost; a line written locally but not to the shared
+                stream would make the replicas' records disagree).
+        """
+        why = self.state.unavailable()
+        if why is not None:
+            raise StateUnavailable(why)
+        now = time.time()
+        written = 0
+        for item in records:
+            decision = item.decision
+            sent_at = item.time_unix_ms / 1000.0
+            when = sent_at if abs(sent_at - now) <= _CLOCK_SKEW_S else now
+            record = AuditRecord(
+                decision_id=decision.decision_id, session_id=item.session.session_id,
+                labels=dict(item.session.labels), program=item.program, argv=tuple(item.argv),
+                workdir=item.workdir, decision=decision.action, rule_id=decision.rule_id,
+                reason=decision.reason or "", approver="", latency_ms=item.latency_ms, error=False,
+                file_kind=None if item.facts is None or item.facts.file is None else tuple(sorted(item.facts.kinds)),
+                children_unseen=None if item.facts is None else item.facts.children_unseen,
+                time=dt.datetime.fromtimestamp(when, dt.timezone.utc),
+                cached=True, cached_from=item.cached_from, cache_verified=self._verified(item),
+            )
+            await self.state.record(record)
+            if self.audit is not None:
+                self.audit.write(record)
+            written += 1
+        return written
 
     async def _by_rules(
         self,
+        rules: _RuleSet,
         session: SessionContext,
         program: str,
         argv: Sequence[str],
@@ -178,7 +281,7 @@ class DecisionService:
         """
         # A worker thread: evaluation of many rules must not hold up the event loop serving every
         # other session (it never touches the filesystem: trust comes from ``facts.identity``).
-        evaluation = await asyncio.to_thread(self.rules.current.evaluate, program, argv, facts)
+        evaluation = await asyncio.to_thread(rules.evaluate, program, argv, facts)
         rule_id = getattr(evaluation.rule, "id", "") or ""
         reason = evaluation.reason or ""
         execution = evaluation.execution or Execution()
@@ -190,9 +293,10 @@ class DecisionService:
         if stranded is not None:
             return Decided(Decision.deny(stranded, **common), "")
         if evaluation.decision == "run":
-            return Decided(Decision.run(reason=reason, note=untrusted_note(program, evaluation, session), **common), "")
+            return Decided(Decision.run(reason=reason, note=untrusted_note(program, evaluation, session), **common), "",
+                           cache=self.cache_hint(evaluation))
         if evaluation.decision not in ("escalate", "prompt"):
-            return Decided(Decision.deny(reason or "denied by policy", **common), "")
+            return Decided(Decision.deny(reason or "denied by policy", **common), "", cache=self.cache_hint(evaluation))
         set_env = rule_set_env(evaluation)
         # A variable the caller set for this program that will not reach it: say so (once per session).
         note = "" if env is None else withheld_note(env, program, evaluation.allow_env, set_env, rule_id)
@@ -205,6 +309,20 @@ class DecisionService:
         if note and decided.decision.action == "escalate":
             decided = decided._replace(decision=dataclasses.replace(decided.decision, note=note))
         return decided
+
+    def cache_hint(self, evaluation: object) -> CacheHint | None:
+        """Whether an escalation server may reuse a Run or Deny the rules alone decided.
+
+        The rules' answer is a function of (program, argv, facts) and of the rules (docs/DESIGN.md
+        §5); a Run's note also of the session's sandbox, a fixed part of the session. Neither the
+        workdir nor the env nor the labels enter it (the workdir matters only to escalations and
+        prompts, never cached). Scope ``program`` when no candidate rule tests argv past argv[0]
+        (``Evaluation.argv_free``), else ``exact``. None when caching is off.
+        """
+        if self.cache_ttl_s <= 0:
+            return None
+        scope = "program" if getattr(evaluation, "argv_free", False) else "exact"
+        return CacheHint(scope=scope, ttl_s=self.cache_ttl_s)
 
     async def _ask(
         self,
@@ -313,6 +431,15 @@ class DecisionService:
         # --chdir goes there): bwrap itself starts in "/" on the host.
         cwd = "/" if in_session_tmp(workdir, profile) else workdir
         return PreparedExec(command=tuple(command), cwd=cwd, env=cleaned, arg0=None)
+
+
+def _key_digest(scope: str, session: SessionContext, program: str, argv: Sequence[str], workdir: str,
+                facts: ExecFacts | None, decision: Decision) -> bytes:
+    """SHA-256 of a cache entry's key (as the client forms it for ``scope``) and its answer."""
+    part: tuple[object, ...] = (argv[0] if argv else "",) if scope == "program" else (tuple(argv), workdir)
+    key = (session.session_id, sorted(session.labels.items()), session.sandbox, program, part, facts,
+           decision.action, decision.rule_id, decision.reason or "", decision.note)
+    return hashlib.sha256(repr(key).encode("utf-8", "surrogateescape")).digest()
 
 
 def rule_set_env(evaluation: object) -> dict[str, str]:

@@ -64,6 +64,10 @@ class PolicyMetrics:
         pending: ``execgate_pending_approvals`` — prompts waiting for an answer now (bound to a
             broker by :meth:`watch_approvals`).
         approvers: ``execgate_connected_approvers`` — approvers subscribed now.
+        cached_decisions: ``execgate_cached_decisions_total{outcome}`` — decisions escalation
+            servers answered from their cache and reported (``RecordCachedDecisions``), by outcome.
+        cached_record_errors: ``execgate_cached_record_errors_total{cause}`` —
+            ``RecordCachedDecisions`` calls refused (``invalid_argument``, ``state_unavailable``).
     """
 
     def __init__(self, registry: CollectorRegistry | None = None, *, tracer_provider: Any = None) -> None:
@@ -82,6 +86,10 @@ class PolicyMetrics:
         self.prompts = Counter("execgate_prompts", "Prompts by how they ended", ("result",), registry=r)
         self.prepare_errors = Counter("execgate_prepare_errors", "PrepareEscalatedExec calls that "
                                       "prepared nothing, by cause", ("cause",), registry=r)
+        self.cached_decisions = Counter("execgate_cached_decisions", "Decisions answered from a client's "
+                                        "cache and audited here, by outcome (run, deny)", ("outcome",), registry=r)
+        self.cached_record_errors = Counter("execgate_cached_record_errors", "RecordCachedDecisions calls "
+                                            "refused, by cause", ("cause",), registry=r)
         self.pending = Gauge("execgate_pending_approvals", "Prompts waiting for an approver's answer now",
                              registry=r)
         self.approvers = Gauge("execgate_connected_approvers", "Approvers subscribed to pending requests now",

@@ -36,8 +36,10 @@ is not a regular file; then, first that applies:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
+import uuid
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -67,6 +69,7 @@ class RuleSet:
         trusted_dirs: Iterable[str] | None = None,
         host_executables: Mapping[str, Sequence[str]] | None = None,
         sources: Iterable[Path] = (),
+        fingerprint: str | None = None,
     ) -> None:
         """Build a rule set from validated rules.
 
@@ -77,10 +80,16 @@ class RuleSet:
                 root-owned-directory test.
             host_executables: basename → the only absolute paths its permissive rules trust.
             sources: the files the rules came from (informational).
+            fingerprint: identifies these rules for the decision cache (:attr:`fingerprint`);
+                default: a random value, unique to this object.
 
         Raises:
             RulesError: ``default`` is not a decision.
         """
+        #: Identifies the rules in every DetermineAction answer (docs/DESIGN.md §9): a client
+        #: drops its cached decisions when it sees another value. :meth:`load` makes it a hash
+        #: of the files' bytes and the settings, so replicas loaded with the same files agree.
+        self.fingerprint = fingerprint if fingerprint is not None else uuid.uuid4().hex
         self._rules = tuple(rules)
         self._default = parse_decision(default, Path("<arguments>"), "default")
         self._trusted_dirs = (None if trusted_dirs is None
@@ -115,7 +124,16 @@ class RuleSet:
             RulesError: a file is missing, unreadable, has an unknown suffix or is invalid; rule
                 ids collide across files; or ``default`` is not a decision.
         """
-        files = [_load_file(p) for p in expand_paths(paths)]
+        expanded = expand_paths(paths)
+        digest = hashlib.sha256()
+        for path in expanded:  # read before parsing: a change in between makes a new fingerprint at the next reload
+            try:
+                data = path.read_bytes()
+            except OSError:
+                data = b""
+            digest.update(b"%d:%s%d:" % (len(str(path)), str(path).encode("utf-8", "surrogateescape"), len(data)))
+            digest.update(data)
+        files = [_load_file(p) for p in expanded]
         defaults = [d for d in [default, *(f.default for f in files)] if d is not None]
         for d in defaults:
             parse_decision(d, Path("<arguments>"), "default")
@@ -135,6 +153,7 @@ class RuleSet:
             trusted_dirs=trusted_dirs,
             host_executables=hosts,
             sources=(f.path for f in files),
+            fingerprint=_settings_digest(digest, effective, trusted_dirs),
         )
 
     @property
@@ -174,7 +193,10 @@ class RuleSet:
         matched: list[Rule] = []
         skipped: list[Rule] = []
         trusted: bool | None = None
-        for rule in self._candidates(program, argv, identity):
+        candidates = self._candidates(program, argv, identity)
+        # Whether argv[1:] can matter: only through a candidate's prefix (the cache scope).
+        argv_free = not any(rule.pattern for rule in candidates)
+        for rule in candidates:
             if not rule.matches_args(args) or not rule.matches_facts(known):
                 continue
             if not rule.restrictive and not os.path.isabs(rule.program):
@@ -188,7 +210,7 @@ class RuleSet:
                 continue
             matched.append(rule)
         if not matched:
-            return self._default_evaluation(program, tuple(skipped))
+            return self._default_evaluation(program, tuple(skipped), argv_free)
         winner = max(matched, key=lambda r: (STRICTNESS[r.decision], -self._order[id(r)]))
         reason = winner.justification or f"rule {winner.id} ({winner.location}): {winner.decision}"
         return Evaluation(
@@ -199,6 +221,7 @@ class RuleSet:
             reason=reason,
             allow_env=winner.allow_env,
             skipped=tuple(skipped),
+            argv_free=argv_free,
         )
 
     def is_trusted(self, program: str, identity: FileIdentity | None = None) -> bool:
@@ -234,7 +257,7 @@ class RuleSet:
             found.update((id(r), r) for r in self._by_name.get(alias, ()) if r.restrictive)
         return sorted(found.values(), key=lambda r: self._order[id(r)])
 
-    def _default_evaluation(self, program: str, skipped: tuple[Rule, ...]) -> Evaluation:
+    def _default_evaluation(self, program: str, skipped: tuple[Rule, ...], argv_free: bool = False) -> Evaluation:
         reason = f"no rule matched {program}; default: {self._default}"
         if skipped and os.path.isabs(skipped[0].program):
             reason += (f" (rule {skipped[0].id} names {skipped[0].program} but the file that would "
@@ -249,6 +272,7 @@ class RuleSet:
             execution=_execution_for(self._default, None),
             reason=reason,
             skipped=skipped,
+            argv_free=argv_free,
         )
 
 
@@ -300,6 +324,15 @@ def _check_unique_ids(files: Sequence[RulesFile]) -> None:
             if rule_id in owner and owner[rule_id] != f.path:
                 raise RulesError(f"{f.path}: rule {rule_id!r}: id already used in {owner[rule_id]}")
             owner[rule_id] = f.path
+
+
+def _settings_digest(digest: "hashlib._Hash", default: str, trusted_dirs: Iterable[str] | None) -> str:
+    """The rules fingerprint: the files' digest, then the effective default and trusted_dirs."""
+    digest.update(b"\0default=" + default.encode())
+    if trusted_dirs is not None:
+        for d in sorted(trusted_dirs):
+            digest.update(b"\0dir=" + d.encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()[:32]
 
 
 def _execution_for(decision: str, execution: Execution | None) -> Execution | None:

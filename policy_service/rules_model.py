@@ -203,6 +203,10 @@ class Evaluation:
         reason: the winner's justification, or a text naming what happened.
         allow_env: variable names or fnmatch globs the winner lets through env cleaning.
         skipped: permissive rules whose prefix matched but whose program path is not trusted.
+        argv_free: True when no candidate rule (one naming the program, its real file's or
+            argv[0]'s basename, or any program) tests argv after argv[0]: the same program,
+            argv[0] and facts give this outcome whatever the other arguments (the decision
+            cache's program scope, docs/DESIGN.md §9). False when unknown.
     """
 
     decision: str
@@ -212,6 +216,7 @@ class Evaluation:
     reason: str
     allow_env: tuple[str, ...] = ()
     skipped: tuple[Rule, ...] = ()
+    argv_free: bool = False
 
 
 @dataclass(frozen=True)

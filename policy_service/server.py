@@ -184,6 +184,7 @@ async def running_service(
     state: str | None = None,
     state_password: str | None = None,
     audit_stream_maxlen: int = 100_000,
+    cache_ttl_s: float = 0.0,
 ) -> AsyncIterator[PolicyServer]:
     """Run a policy service on ``address`` for the duration of the ``async with``.
 
@@ -211,6 +212,8 @@ async def running_service(
             be reached, ``SERVING`` again once it can.
         state_password: the Redis password, when not in the URL.
         audit_stream_maxlen: about how many entries the Redis audit stream keeps.
+        cache_ttl_s: seconds an escalation server may reuse a cacheable Run or Deny (docs/DESIGN.md
+            §9); 0 marks nothing cacheable.
 
     Yields:
         The started decision server; ``server.addresses[0]`` is its bound address,
@@ -228,7 +231,7 @@ async def running_service(
     broker = shared.approvals
     metrics.watch_approvals(broker.pending_count, lambda: broker.approvers)
     audit = AuditLog(audit_log) if audit_log else None
-    decisions = DecisionService(rules, state=shared, audit=audit)
+    decisions = DecisionService(rules, state=shared, audit=audit, cache_ttl_s=cache_ttl_s)
     if approvals_address is None:
         services = SERVICE_NAMES if serve_approvals else (POLICY_SERVICE,)
         servers = [PolicyServer(decisions, token=token, approvals_token=approvals_token, services=services,
@@ -300,6 +303,11 @@ class EmbeddedService:
     broker: ApprovalBroker | None = None
 
 
+#: Seconds a cacheable decision may be reused, by default (``policy serve --cache-ttl``, the
+#: embedded service of ``execgate run``; docs/DESIGN.md §9).
+DEFAULT_CACHE_TTL_S = 60.0
+
+
 @contextlib.asynccontextmanager
 async def serve_embedded(
     rules_paths: Sequence[str | os.PathLike[str]] = (),
@@ -312,6 +320,7 @@ async def serve_embedded(
     approvals: bool = False,
     no_approver_reason: str | None = None,
     metrics: PolicyMetrics | None = None,
+    cache_ttl_s: float = DEFAULT_CACHE_TTL_S,
 ) -> AsyncIterator[EmbeddedService]:
     """Run the policy service in this event loop on private Unix sockets (see the module doc).
 
@@ -328,6 +337,7 @@ async def serve_embedded(
             any approver of this process, e.g. one without a sandbox).
         metrics: the service's metrics and tracer (``execgate run --metrics`` serves their
             registry together with its client's); default: private ones.
+        cache_ttl_s: seconds the client may reuse a cacheable decision (0: none is).
 
     Yields:
         An :class:`EmbeddedService`: give ``address`` and ``token`` to
@@ -357,6 +367,7 @@ async def serve_embedded(
             approver_wait_s=approver_wait_s,
             no_approver_reason=no_approver_reason,
             metrics=metrics,
+            cache_ttl_s=cache_ttl_s,
             rules_poll_s=None,
         ) as server:
             yield EmbeddedService(server.addresses[0], token, server.approvals_address, token_file,

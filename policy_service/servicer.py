@@ -18,7 +18,7 @@ from typing import AsyncIterator, Mapping, NoReturn
 import grpc
 
 from execgate.policy_service.approvals import ApprovalBroker, ApprovalRequest, UnknownRequest
-from execgate.policy_service.decisions import DecisionService, EscalationRefused
+from execgate.policy_service.decisions import CachedRecord, DecisionService, EscalationRefused
 from execgate.policy_service.state import ApprovalState, StateUnavailable
 from execgate.policy_service.metrics import ATTR_SESSION_ID, PolicyMetrics, describe_decision, describe_error
 from execgate.server import policy_codec as codec
@@ -78,6 +78,34 @@ def check_bounds(session: pb.SessionContext, target: pb.ExecTarget, env: Mapping
         raise codec.CodecError(f"input bound exceeded: {violation}")
 
 
+#: The most entries one RecordCachedDecisions call may carry.
+MAX_CACHED_PER_CALL = 4096
+
+
+def _cached_from_pb(entry: pb.CachedDecision) -> CachedRecord:
+    """Decode and check one cached decision (bounds as DetermineAction's; Run or Deny only).
+
+    Raises:
+        codec.CodecError: out of bounds, or not a Run/Deny with a decision id of 32 hex digits.
+    """
+    check_bounds(entry.session, entry.target)
+    session = codec.session_from_pb(entry.session)
+    program, argv, workdir = codec.target_from_pb(entry.target)
+    decision = codec.decision_from_pb(entry.decision)
+    if decision.action not in ("run", "deny"):
+        raise codec.CodecError(f"a cached decision is run or deny, not {decision.action}")
+    if len(decision.decision_id) != 32 or any(c not in "0123456789abcdef" for c in decision.decision_id):
+        raise codec.CodecError("a cached decision's decision_id is 32 lower-case hex digits")
+    bound = p.exec_bounds_violation({"decision.reason": decision.reason or "", "decision.note": decision.note,
+                                     "decision.rule_id": decision.rule_id, "cached_from": entry.cached_from},
+                                    (), None, scale=p.GRPC_TEXT_EXPANSION)
+    if bound is not None:
+        raise codec.CodecError(f"input bound exceeded: {bound}")
+    return CachedRecord(session=session, program=program, argv=argv, workdir=workdir,
+                        facts=codec.facts_from_pb(entry.target), decision=decision, cached_from=entry.cached_from,
+                        time_unix_ms=entry.time_unix_ms, latency_ms=max(0.0, entry.latency_ms))
+
+
 class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
     """The ``EscalationPolicy`` service.
 
@@ -110,7 +138,7 @@ class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
                 await context.send_initial_metadata(((PROMPT_METADATA_KEY, f"{wait_s:.3f}"),))
 
             try:
-                decision, approver, prompt = await self.decisions.decide(
+                decision, approver, prompt, cache, fingerprint = await self.decisions.decide(
                     session, program, argv, workdir, budget_s=context.time_remaining(), on_prompt=on_prompt,
                     env=dict(request.env), facts=facts,
                 )
@@ -129,7 +157,32 @@ class EscalationPolicyServicer(policy_pb2_grpc.EscalationPolicyServicer):
             describe_decision(span, decision.decision_id, decision.action, decision.rule_id, prompt)
         message = codec.decision_to_pb(decision)
         message.approver = approver
-        return pb.DetermineActionResponse(decision=message)
+        response = pb.DetermineActionResponse(decision=message, rules_fingerprint=fingerprint)
+        if cache is not None:
+            response.cache.CopyFrom(codec.cache_hint_to_pb(cache))
+        return response
+
+    async def RecordCachedDecisions(  # noqa: N802
+        self, request: pb.RecordCachedDecisionsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RecordCachedDecisionsResponse:
+        """Audit the decisions a client answered from its cache (docs/DESIGN.md §9)."""
+        try:
+            if len(request.decisions) > MAX_CACHED_PER_CALL:
+                raise codec.CodecError(f"{len(request.decisions)} cached decisions in one call, more than "
+                                       f"{MAX_CACHED_PER_CALL}")
+            records = [_cached_from_pb(entry) for entry in request.decisions]
+        except codec.CodecError as exc:
+            self.metrics.cached_record_errors.labels("invalid_argument").inc()
+            await _invalid(context, exc)
+        try:
+            written = await self.decisions.record_cached(records)
+        except StateUnavailable as exc:
+            self.metrics.cached_record_errors.labels("state_unavailable").inc()
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        for record in records:
+            self.metrics.cached_decisions.labels(record.decision.action).inc()
+        return pb.RecordCachedDecisionsResponse(recorded=written,
+                                                rules_fingerprint=self.decisions.rules_fingerprint())
 
     def _failed(self, span, cause: str, exc: BaseException, started: float) -> None:
         """Count and trace a DetermineAction that ends without a decision."""

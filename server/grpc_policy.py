@@ -30,21 +30,34 @@ with calls in flight costs at most those calls (a call whose answer had begun is
 
 Metrics and traces (:mod:`execgate.server.metrics`): every call's latency, the decisions answered
 by outcome and the failures by cause, kept apart; one CLIENT span per DetermineAction whose trace
-context travels in the request metadata.
+context travels in the request metadata; decision-cache lookups by result (hit, miss) and the
+audit lines of hits that were lost.
+
+Decision cache (:mod:`execgate.server.decision_cache`, docs/DESIGN.md §9): an answer the service
+marks cacheable (a Run or Deny of the rules alone, ``DetermineActionResponse.cache``) is reused
+for the same session and file for its TTL, without a call; every reuse is still audited: it gets
+a fresh decision id of the client's and is sent to the service with ``RecordCachedDecisions``
+in batches (every 0.5 s, 256 at a time, and when a session closes: :meth:`GrpcPolicy.session_closed`).
+An answer the service announced as a prompt is never cached, whatever it says. The cache answers
+only while the channel is READY and no call has failed since the last success (a failed call
+empties it): a service that is down or unhealthy gets every exec denied, fail closed, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
+import uuid
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
 import grpc
 
 from execgate.server import policy_codec as codec
+from execgate.server.decision_cache import CachedAudit, DecisionCache, Hit
 from execgate.server.metrics import ClientMetrics, describe_answer, describe_failure, trace_metadata
 from execgate.server.policy import Decision, ExecFacts, Execution, PolicyError, PreparedExec, SessionContext
 from execgate.v1 import policy_pb2 as pb
@@ -128,6 +141,11 @@ class GrpcPolicy:
         prompt_timeout_s: deadline of a DetermineAction that waits for an approver, in seconds.
         metrics: where calls, decisions and failures are counted and spans made (default: a
             private :class:`~execgate.server.metrics.ClientMetrics`); see ``self.metrics.registry``.
+        cache: the decision cache (module doc) — True for a default
+            :class:`~execgate.server.decision_cache.DecisionCache`, an instance, or False/None to
+            ask the service about every exec whatever it marks cacheable.
+        audit_interval_s, audit_batch: how often, and from how many waiting hits, cached
+            decisions are sent to the service's audit log.
 
     The channel is created lazily inside the running event loop on the first call; close it
     with :meth:`aclose`. ``stats`` counts outcomes: run, escalate, deny (policy denials) and
@@ -143,6 +161,9 @@ class GrpcPolicy:
         timeout_s: float = 5.0,
         prompt_timeout_s: float = 300.0,
         metrics: ClientMetrics | None = None,
+        cache: DecisionCache | bool | None = True,
+        audit_interval_s: float = 0.5,
+        audit_batch: int = 256,
     ) -> None:
         self.address = address
         self.timeout_s = timeout_s
@@ -156,6 +177,17 @@ class GrpcPolicy:
         self.stats: Counter[str] = Counter()
         self.metrics = metrics if metrics is not None else ClientMetrics()
         self._inject = True
+        #: The decision cache, or None when off.
+        self.cache: DecisionCache | None = DecisionCache() if cache is True else (cache or None)
+        self._record_call: grpc.aio.UnaryUnaryMultiCallable | None = None
+        self._cache_ok = True
+        #: When a call last succeeded (monotonic s); hits are made only within ``_contact_s`` of it.
+        self._last_contact = float("-inf")
+        self._contact_s = 3 * audit_interval_s
+        #: The audit of cache hits (``cached_audit.lost`` counts lines that never reached the service).
+        self.cached_audit = CachedAudit(self._record_cached, on_fingerprint=self._observe_fingerprint,
+                                        interval_s=audit_interval_s, batch=audit_batch,
+                                        on_lost=self.metrics.cache_audit_lost.inc)
 
     def _get_stub(self) -> policy_pb2_grpc.EscalationPolicyStub:
         loop = asyncio.get_running_loop()
@@ -175,6 +207,7 @@ class GrpcPolicy:
                 request_serializer=pb.DetermineActionRequest.SerializeToString,
                 response_deserializer=pb.DetermineActionResponse.FromString,
             )
+            self._record_call = self._stub.RecordCachedDecisions
         return self._stub
 
     async def aclose(self) -> None:
@@ -184,9 +217,19 @@ class GrpcPolicy:
         this event loop a few hundred ms after the close; keep the loop running that long if it
         is about to be closed (the escalation server's loop normally outlives its policy).
         """
+        if self._channel is not None and self._loop is asyncio.get_running_loop():
+            await self.cached_audit.aclose()  # the last hits go to the audit log before the channel closes
         channel, self._channel, self._stub, self._determine_call = self._channel, None, None, None
+        self._record_call = None
         if channel is not None:
             await channel.close()
+
+    async def session_closed(self, session_id: str) -> None:
+        """A session ended: send its (and every) waiting cache hit to the audit log now and drop
+        its cache entries. Never raises (a failed send is logged and counted)."""
+        if self.cache is not None:
+            self.cache.forget_session(session_id)
+        await self.cached_audit.flush(session_id)
 
     #: The escalation server passes the caller's environment (shown to approvers of a prompt).
     accepts_env = True
@@ -209,22 +252,33 @@ class GrpcPolicy:
         Returns:
             The service's decision, or ``Decision.deny(reason, error=True)`` on any failure.
         """
+        started = time.monotonic()
+        if self.cache is not None:
+            entry = self.cache.get(session, program, argv, workdir, facts) if self._cache_usable() else None
+            if entry is not None:
+                return self._answer_cached(entry.decision, session, program, argv, workdir, facts, started)
+            self.metrics.cache_lookups.labels("miss").inc()
         request = pb.DetermineActionRequest(
             session=codec.session_to_pb(session), target=codec.target_to_pb(program, argv, workdir, facts),
             env={codec.wire_text(k): codec.wire_text(v) for k, v in (env or {}).items()},
         )
-        started = time.monotonic()
         with self.metrics.call_span(session.session_id) as span:
             try:
-                response = _expect(await self._determine(request), pb.DetermineActionResponse)
+                response, prompted = await self._determine(request)
+                response = _expect(response, pb.DetermineActionResponse)
                 decision = codec.decision_from_pb(response.decision)
             except (grpc.aio.AioRpcError, codec.CodecError, _NoAnswer) as exc:
                 cause = self._describe(exc)
                 self._failed("DetermineAction", exc, started)
+                self._cache_fault()
                 describe_failure(span, self._classify(exc), cause)
                 log.warning("policy error, failing closed (session %s, %s): %s", session.session_id, program, cause)
                 return Decision.deny(f"policy service error: {cause}", error=True)
             describe_answer(span, decision.decision_id, decision.action, decision.rule_id)
+        if self.cache is not None:
+            self._cache_ok = True
+            self._last_contact = time.monotonic()
+            self._maybe_cache(response, prompted, decision, session, program, argv, workdir, facts)
         self.metrics.calls.labels("DetermineAction").observe(time.monotonic() - started)
         self.metrics.decisions.labels(decision.action).inc()
         self.stats[decision.action] += 1
@@ -233,13 +287,94 @@ class GrpcPolicy:
                      decision.rule_id or "default", decision.reason)
         return decision
 
-    def _failed(self, method: str, exc: Exception, started: float) -> None:
+    def _maybe_cache(self, response: pb.DetermineActionResponse, prompted: bool, decision: Decision,
+                     session: SessionContext, program: str, argv: Sequence[str], workdir: str,
+                     facts: ExecFacts | None) -> None:
+        """Keep an answer the service marked cacheable (never a prompt's, never an approver's)."""
+        assert self.cache is not None
+        self._observe_fingerprint(response.rules_fingerprint)
+        hint = codec.cache_hint_from_pb(response)
+        if hint is None or prompted or response.decision.approver:
+            return
+        self.cache.put(session, program, tuple(argv), workdir, facts, decision, hint)
+
+    def _cache_usable(self) -> bool:
+        """Answer from the cache only while the service is reachable: the last call succeeded, one
+        succeeded within the last ``3 × audit_interval_s`` seconds (the audit of hits flushes
+        every ``audit_interval_s``, so a steady stream of hits keeps it fresh), and the channel is
+        READY (gRPC's own view, health checking included). A service that is down, unhealthy or
+        hung (a frozen process keeps its connection READY) gets every exec decided, and so denied,
+        as without the cache once that window has passed (fail closed); no hit is made that could
+        not be audited."""
+        channel = self._channel
+        return (self._cache_ok and channel is not None and self._loop is asyncio.get_running_loop()
+                and time.monotonic() - self._last_contact <= self._contact_s
+                and channel.get_state() == grpc.ChannelConnectivity.READY)
+
+    def _cache_fault(self) -> None:
+        """A call failed: empty the cache and use it again only after a call succeeds."""
+        self._cache_ok = False
+        if self.cache is not None:
+            self.cache.clear()
+
+    def _observe_fingerprint(self, fingerprint: str) -> None:
+        if self.cache is not None:
+            self.cache.observe(fingerprint)
+
+    def _answer_cached(self, cached: Decision, session: SessionContext, program: str, argv: Sequence[str],
+                       workdir: str, facts: ExecFacts | None, started: float) -> Decision:
+        """A cache hit: the cached answer under a fresh decision id, queued for the audit log."""
+        decision = dataclasses.replace(cached, decision_id=uuid.uuid4().hex)
+        self.metrics.cache_lookups.labels("hit").inc()
+        self.stats[decision.action] += 1
+        self.stats["cache_hit"] += 1
+        self.cached_audit.add(Hit(
+            session=session, program=program, argv=tuple(argv), workdir=workdir, facts=facts, decision=decision,
+            cached_from=cached.decision_id, time_unix_ms=int(time.time() * 1000),
+            latency_ms=(time.monotonic() - started) * 1000.0,
+        ))
+        if decision.action == "deny":
+            log.info("policy denied %s (session %s, rule %s, cached): %s", program, session.session_id,
+                     decision.rule_id or "default", decision.reason)
+        return decision
+
+    async def _record_cached(self, hits: Sequence[Hit]) -> str:
+        """``RecordCachedDecisions`` for a batch of hits; returns the service's rules fingerprint.
+
+        Raises:
+            grpc.aio.AioRpcError: the call failed (the caller retries or counts the loss).
+        """
+        request = pb.RecordCachedDecisionsRequest(decisions=[
+            pb.CachedDecision(
+                session=codec.session_to_pb(hit.session),
+                target=codec.target_to_pb(hit.program, hit.argv, hit.workdir, hit.facts),
+                decision=codec.decision_to_pb(hit.decision), cached_from=hit.cached_from,
+                time_unix_ms=hit.time_unix_ms, latency_ms=hit.latency_ms,
+            ) for hit in hits
+        ])
+        self._get_stub()
+        assert self._record_call is not None
+        started = time.monotonic()
+        try:
+            response = await self._record_call(request, timeout=self.timeout_s, metadata=self._metadata,
+                                               wait_for_ready=False)
+        except grpc.aio.AioRpcError as exc:
+            self._failed("RecordCachedDecisions", exc, started, count_error=False)
+            self._cache_fault()  # hits that cannot be audited are not made
+            raise
+        self.metrics.calls.labels("RecordCachedDecisions").observe(time.monotonic() - started)
+        self._last_contact = time.monotonic()
+        return response.rules_fingerprint
+
+    def _failed(self, method: str, exc: Exception, started: float, *, count_error: bool = True) -> None:
         """Count a call that failed closed (never as a denial)."""
-        self.stats["error"] += 1
+        if count_error:
+            self.stats["error"] += 1
         self.metrics.calls.labels(method).observe(time.monotonic() - started)
         self.metrics.failures.labels(method, self._classify(exc)).inc()
 
-    async def _determine(self, request: pb.DetermineActionRequest) -> object:
+    async def _determine(self, request: pb.DetermineActionRequest) -> tuple[object, bool]:
+        """The answer, and whether the service announced a prompt first."""
         self._get_stub()
         assert self._determine_call is not None
         metadata = self._metadata + trace_metadata() if self._inject else self._metadata
@@ -249,10 +384,10 @@ class GrpcPolicy:
                 async with asyncio.timeout(self.timeout_s):
                     metadata = await call.initial_metadata()
                     if not any(key == PROMPT_METADATA_KEY for key, _ in metadata or ()):
-                        return await _single(call)
+                        return await _single(call), False
             except TimeoutError:
                 raise _NoAnswer(f"no answer within {self.timeout_s:g} s") from None
-            return await _single(call)  # an approver is being asked: the gRPC deadline bounds the wait
+            return await _single(call), True  # an approver is being asked: the gRPC deadline bounds the wait
         finally:
             if not call.done():
                 call.cancel()

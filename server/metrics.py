@@ -54,6 +54,11 @@ class ClientMetrics:
             answer and failed closed, by cause: ``timeout`` (no answer before the deadline),
             ``unavailable`` (nobody listening, connection lost), ``garbage`` (an answer breaking
             the contract), or the gRPC status code (``internal``, ``unauthenticated``, …).
+        cache_lookups: ``execgate_policy_cache_lookups_total{result}`` — decision-cache lookups,
+            ``hit`` (answered without a call) or ``miss`` (:mod:`execgate.server.decision_cache`).
+        cache_audit_lost: ``execgate_policy_cache_audit_lost_total`` — cache hits whose audit
+            line never reached the service (``RecordCachedDecisions`` kept failing, or the queue
+            was full).
     """
 
     def __init__(self, registry: CollectorRegistry | None = None, *, tracer_provider: Any = None) -> None:
@@ -68,6 +73,10 @@ class ClientMetrics:
                                  "outcome (run, escalate, deny)", ("outcome",), registry=r)
         self.failures = Counter("execgate_policy_failures", "Policy calls that got no usable answer and failed "
                                 "closed, by method and cause", ("method", "cause"), registry=r)
+        self.cache_lookups = Counter("execgate_policy_cache_lookups", "Decision-cache lookups, by result "
+                                     "(hit: answered without a call; miss)", ("result",), registry=r)
+        self.cache_audit_lost = Counter("execgate_policy_cache_audit_lost", "Cache hits whose audit line never "
+                                        "reached the policy service", registry=r)
 
     def call_span(self, session_id: str) -> Any:
         """A context manager: the span of one DetermineAction, current inside the block."""

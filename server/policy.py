@@ -194,6 +194,28 @@ class Decision:
         return cls(action="deny", reason=reason, **kw)  # type: ignore[arg-type]
 
 
+CacheScope = Literal["program", "exact"]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheHint:
+    """The policy service's word that a decision may be reused (``execgate.v1.CacheHint``;
+    :mod:`execgate.server.decision_cache`, docs/DESIGN.md §9).
+
+    Attributes:
+        scope: ``"program"`` — reuse for the same session, program, argv[0] and file facts,
+            whatever the other arguments and the working directory; ``"exact"`` — only for the
+            same session, program, argv, working directory and file facts.
+        ttl_s: how long the entry may be used, in seconds from its answer (> 0).
+        fingerprint: the rules the answer was decided by (a client drops its entries when it
+            sees another fingerprint).
+    """
+
+    scope: CacheScope
+    ttl_s: float
+    fingerprint: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class PreparedExec:
     """Exactly what the server spawns for an escalated command.

@@ -13,8 +13,8 @@ import os
 from typing import Sequence
 
 from execgate.server.fileinfo import FileInfo
-from execgate.server.policy import (NO_FACTS, Decision, ExecFacts, Execution, FileIdentity, Permissions, PreparedExec,
-                                    SessionContext)
+from execgate.server.policy import (NO_FACTS, CacheHint, Decision, ExecFacts, Execution, FileIdentity, Permissions,
+                                    PreparedExec, SessionContext)
 from execgate.v1 import policy_pb2 as pb
 
 
@@ -295,6 +295,26 @@ def decision_from_pb(msg: pb.Decision) -> Decision:
     if action == "deny":
         return Decision.deny(msg.deny.reason or None, **common)
     raise CodecError("decision has no action set (run, escalate or deny)")
+
+
+_SCOPES = {"program": pb.CacheHint.SCOPE_PROGRAM, "exact": pb.CacheHint.SCOPE_EXACT}
+_SCOPE_NAMES = {v: k for k, v in _SCOPES.items()}
+
+
+def cache_hint_to_pb(hint: CacheHint) -> pb.CacheHint:
+    """Encode a cache hint (TTL in whole milliseconds, at least 1)."""
+    return pb.CacheHint(scope=_SCOPES[hint.scope], ttl_ms=max(1, min(int(hint.ttl_s * 1000), 2**32 - 1)))
+
+
+def cache_hint_from_pb(response: pb.DetermineActionResponse) -> CacheHint | None:
+    """The cache hint of an answer, or None when it is absent, has no known scope or a zero TTL
+    (then the decision is not cached)."""
+    if not response.HasField("cache"):
+        return None
+    scope = _SCOPE_NAMES.get(response.cache.scope)
+    if scope is None or response.cache.ttl_ms == 0:
+        return None
+    return CacheHint(scope=scope, ttl_s=response.cache.ttl_ms / 1000.0, fingerprint=response.rules_fingerprint)
 
 
 def prepared_to_pb(prepared: PreparedExec) -> pb.PreparedExec:

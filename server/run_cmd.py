@@ -100,6 +100,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                              "needs a sandbox")
     parser.add_argument("--approval-timeout", metavar="SECONDS", type=_seconds, default=60.0,
                         help="seconds a prompt of the embedded service waits for an answer (default 60)")
+    parser.add_argument("--cache-ttl", metavar="SECONDS", type=_seconds_or_zero, default=None,
+                        help="seconds the embedded service lets a Run or Deny of its rules be reused for the "
+                             "same program and file (the decision cache; each reuse is still audited); 0 "
+                             "disables (default 60)")
     parser.add_argument("--json", action="store_true",
                         help="print the result (exit_code, stdout, stderr, output, duration, timed_out, truncated) "
                              "as JSON instead of streaming")
@@ -112,6 +116,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
     telemetry.add_options(parser, service_name="execgate-run")
     parser.set_defaults(func=main)
+
+
+def _seconds_or_zero(text: str) -> float:
+    """argparse type: a finite number of seconds >= 0."""
+    return 0.0 if text.strip() in ("0", "0.0") else _seconds(text)
 
 
 def _seconds(text: str) -> float:

@@ -99,9 +99,9 @@ async def policy_address(args: argparse.Namespace, sandboxed: bool = True,
         RunSetupError: an option that does not fit, or the embedded service cannot start.
     """
     if args.policy:
-        if args.audit_log or args.approver_wait is not None:
-            raise RunSetupError("--audit-log and --approver-wait are for the embedded policy service; "
-                                "a running one (--policy) has its own")
+        if args.audit_log or args.approver_wait is not None or getattr(args, "cache_ttl", None) is not None:
+            raise RunSetupError("--audit-log, --approver-wait and --cache-ttl are for the embedded policy "
+                                "service; a running one (--policy) has its own")
         if not sandboxed and not args.quiet:
             print("execgate: no sandbox: the shell can do anything your account can; prompts are safe only if "
                   "the policy service's approver and its credential are out of your account's reach",
@@ -121,6 +121,7 @@ async def policy_address(args: argparse.Namespace, sandboxed: bool = True,
             approvals=args.approver_wait is not None,
             approver_wait_s=args.approver_wait or 0.0, approval_timeout_s=args.approval_timeout,
             no_approver_reason=prompt_refusal(args, sandboxed), metrics=metrics,  # type: ignore[arg-type]
+            **({} if getattr(args, "cache_ttl", None) is None else {"cache_ttl_s": args.cache_ttl}),
         )
         service = await embedded.__aenter__()
     except (RulesError, OSError) as exc:

@@ -39,6 +39,7 @@ id (needs the pid space to wrap around within one session's life).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import shutil
@@ -210,6 +211,20 @@ class Session:
         if self._supervising:
             await asyncio.wait(self._supervising, timeout=1.0)
         await _cancel(self._conns)
+        await self._policy_session_closed()
+
+    async def _policy_session_closed(self) -> None:
+        """Tell a policy that keeps per-session state (the gRPC client's decision cache, whose
+        hits are audited in batches) that this session ended; a failure is logged, not raised."""
+        closed = getattr(self.policy, "session_closed", None)
+        if closed is None:
+            return
+        try:
+            result = closed(self.session_id)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:  # noqa: BLE001 - the session is closed whatever the policy says
+            log.exception("session %s: policy session_closed failed", self.session_id)
 
     async def _kill_children(self) -> None:
         children = list(self._children)

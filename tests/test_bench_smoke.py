@@ -17,6 +17,8 @@ FIGURE_NAMES = (
     "decision_p50_ms", "decision_p99_ms", "decision_max_ms", "decision_rate_achieved",
     "throughput_decisions_per_s", "throughput_errors", "server_rss_100_sessions_mb", "policy_rss_after_load_mb",
     "run_native_backstop_share_ms", "run_native_backstop_cpu_ms", "backstop_decided_ms_per_exec",
+    "run_native_cached_ms_per_exec", "run_native_uncached_ms_per_exec",
+    "build_gated_ratio", "build_uncached_ratio", "build_execs", "build_cache_hit_rate",
 )
 
 

@@ -74,6 +74,14 @@ async def test_policy_process_killed_mid_session(short_tmp: Path, rules_file: Pa
         before = await policy.determine_action("/usr/bin/echo", ["echo", "hi"], "/tmp", SESSION, facts=system_facts("/usr/bin/echo"))
         proc.kill()
         await proc.wait()
+        # The Run above is in the client's decision cache, used only while the channel is READY
+        # (docs/DESIGN.md §9): a service dead for less than the moment gRPC's poller takes to see
+        # its socket close is not known to be dead. Wait for that moment (bounded), then the same
+        # exec must be denied like any other.
+        for _ in range(100):
+            if policy._channel is None or policy._channel.get_state() != grpc.ChannelConnectivity.READY:
+                break
+            await asyncio.sleep(0.01)
         started = time.monotonic()
         after = await policy.determine_action("/usr/bin/echo", ["echo", "hi"], "/tmp", SESSION, facts=system_facts("/usr/bin/echo"))
         elapsed = time.monotonic() - started

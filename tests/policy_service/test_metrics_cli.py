@@ -39,7 +39,9 @@ async def test_serve_metrics_and_otlp(short_tmp: Path, rules_file: Path) -> None
     with otlp_receiver() as (receiver, endpoint):
         proc = await asyncio.create_subprocess_exec(
             *CLI, "policy", "serve", "--listen", address, "--rules", str(rules_file), "--audit-log", str(audit),
-            "--metrics", "127.0.0.1:0", "--otlp-endpoint", endpoint, stderr=asyncio.subprocess.PIPE,
+            "--metrics", "127.0.0.1:0", "--otlp-endpoint", endpoint,
+            "--cache-ttl", "0",  # every exec a DetermineAction: this test counts the service's spans
+            stderr=asyncio.subprocess.PIPE,
         )
         try:
             url = await metrics_url(proc)

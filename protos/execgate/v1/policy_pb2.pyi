@@ -198,10 +198,60 @@ class DetermineActionRequest(_message.Message):
     def __init__(self, session: _Optional[_Union[SessionContext, _Mapping]] = ..., target: _Optional[_Union[ExecTarget, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class DetermineActionResponse(_message.Message):
-    __slots__ = ("decision",)
+    __slots__ = ("decision", "cache", "rules_fingerprint")
     DECISION_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    RULES_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     decision: Decision
-    def __init__(self, decision: _Optional[_Union[Decision, _Mapping]] = ...) -> None: ...
+    cache: CacheHint
+    rules_fingerprint: str
+    def __init__(self, decision: _Optional[_Union[Decision, _Mapping]] = ..., cache: _Optional[_Union[CacheHint, _Mapping]] = ..., rules_fingerprint: _Optional[str] = ...) -> None: ...
+
+class CacheHint(_message.Message):
+    __slots__ = ("scope", "ttl_ms")
+    class Scope(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        SCOPE_UNSPECIFIED: _ClassVar[CacheHint.Scope]
+        SCOPE_PROGRAM: _ClassVar[CacheHint.Scope]
+        SCOPE_EXACT: _ClassVar[CacheHint.Scope]
+    SCOPE_UNSPECIFIED: CacheHint.Scope
+    SCOPE_PROGRAM: CacheHint.Scope
+    SCOPE_EXACT: CacheHint.Scope
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    scope: CacheHint.Scope
+    ttl_ms: int
+    def __init__(self, scope: _Optional[_Union[CacheHint.Scope, str]] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+
+class CachedDecision(_message.Message):
+    __slots__ = ("session", "target", "decision", "cached_from", "time_unix_ms", "latency_ms")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FROM_FIELD_NUMBER: _ClassVar[int]
+    TIME_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    session: SessionContext
+    target: ExecTarget
+    decision: Decision
+    cached_from: str
+    time_unix_ms: int
+    latency_ms: float
+    def __init__(self, session: _Optional[_Union[SessionContext, _Mapping]] = ..., target: _Optional[_Union[ExecTarget, _Mapping]] = ..., decision: _Optional[_Union[Decision, _Mapping]] = ..., cached_from: _Optional[str] = ..., time_unix_ms: _Optional[int] = ..., latency_ms: _Optional[float] = ...) -> None: ...
+
+class RecordCachedDecisionsRequest(_message.Message):
+    __slots__ = ("decisions",)
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    decisions: _containers.RepeatedCompositeFieldContainer[CachedDecision]
+    def __init__(self, decisions: _Optional[_Iterable[_Union[CachedDecision, _Mapping]]] = ...) -> None: ...
+
+class RecordCachedDecisionsResponse(_message.Message):
+    __slots__ = ("recorded", "rules_fingerprint")
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
+    RULES_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    recorded: int
+    rules_fingerprint: str
+    def __init__(self, recorded: _Optional[int] = ..., rules_fingerprint: _Optional[str] = ...) -> None: ...
 
 class PrepareEscalatedExecRequest(_message.Message):
     __slots__ = ("session", "target", "env", "execution", "decision_id")

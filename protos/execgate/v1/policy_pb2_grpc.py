@@ -45,6 +45,11 @@ class EscalationPolicyStub:
                 request_serializer=execgate_dot_v1_dot_policy__pb2.PrepareEscalatedExecRequest.SerializeToString,
                 response_deserializer=execgate_dot_v1_dot_policy__pb2.PrepareEscalatedExecResponse.FromString,
                 _registered_method=True)
+        self.RecordCachedDecisions = channel.unary_unary(
+                '/execgate.v1.EscalationPolicy/RecordCachedDecisions',
+                request_serializer=execgate_dot_v1_dot_policy__pb2.RecordCachedDecisionsRequest.SerializeToString,
+                response_deserializer=execgate_dot_v1_dot_policy__pb2.RecordCachedDecisionsResponse.FromString,
+                _registered_method=True)
 
 
 class EscalationPolicyServicer:
@@ -68,6 +73,16 @@ class EscalationPolicyServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecordCachedDecisions(self, request, context):
+        """Write decisions the client answered from its cache to the audit log (marked cached), and
+        publish them to the shared audit stream when the service has one. Authenticated like
+        DetermineAction. INVALID_ARGUMENT for more than 4096 entries or an entry out of bounds;
+        UNAVAILABLE while the shared state is unreachable (the client keeps count of the loss).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EscalationPolicyServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -80,6 +95,11 @@ def add_EscalationPolicyServicer_to_server(servicer, server):
                     servicer.PrepareEscalatedExec,
                     request_deserializer=execgate_dot_v1_dot_policy__pb2.PrepareEscalatedExecRequest.FromString,
                     response_serializer=execgate_dot_v1_dot_policy__pb2.PrepareEscalatedExecResponse.SerializeToString,
+            ),
+            'RecordCachedDecisions': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordCachedDecisions,
+                    request_deserializer=execgate_dot_v1_dot_policy__pb2.RecordCachedDecisionsRequest.FromString,
+                    response_serializer=execgate_dot_v1_dot_policy__pb2.RecordCachedDecisionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -137,6 +157,33 @@ class EscalationPolicy:
             '/execgate.v1.EscalationPolicy/PrepareEscalatedExec',
             execgate_dot_v1_dot_policy__pb2.PrepareEscalatedExecRequest.SerializeToString,
             execgate_dot_v1_dot_policy__pb2.PrepareEscalatedExecResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordCachedDecisions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/execgate.v1.EscalationPolicy/RecordCachedDecisions',
+            execgate_dot_v1_dot_policy__pb2.RecordCachedDecisionsRequest.SerializeToString,
+            execgate_dot_v1_dot_policy__pb2.RecordCachedDecisionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
