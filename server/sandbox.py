@@ -267,7 +267,10 @@ def bwrap_argv(
     for path in permissions.masked_dirs:
         if os.path.isabs(path) and os.path.isdir(path):
             argv += ["--tmpfs", os.path.normpath(path)]
-    for root in permissions.readable_roots:
+    # execgate's own package is always visible (read-only): it holds the launcher that
+    # no_setid_prefix() starts first, the wrapper and the preload shim, and may lie under a
+    # private /tmp or a masked HOME (a virtualenv under /tmp: bwrap_usable() probes this way too).
+    for root in dict.fromkeys((*permissions.readable_roots, *own_package_dirs())):
         argv += ["--ro-bind-try", root, root]
     for root in permissions.writable_roots:
         argv += ["--bind-try", root, root]

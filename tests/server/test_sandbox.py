@@ -290,7 +290,8 @@ def test_execgate_own_package_is_protected_in_every_sandbox():
     above = os.path.dirname(own[0])
     argv = bwrap_argv(Permissions(writable_roots=(above,)), cwd=above)
     assert argv.index("--ro-bind", argv.index(above)) < argv.index("--chdir")
-    assert argv[argv.index(own[0]) - 1] == "--ro-bind" and argv.index(own[0]) > argv.index(above)
+    last = len(argv) - 1 - argv[::-1].index(own[0])  # the protection, after the writable root
+    assert argv[last - 1] == "--ro-bind" and last > argv.index(above)
 
 
 def test_hidden_and_protected_paths_cross_the_wire_and_reach_escalations():
@@ -377,3 +378,16 @@ def test_the_tmp_dir_crosses_the_wire_and_only_the_sessions_reaches_escalations(
     assert "exists only inside" in _stranded_workdir(session, "/proc/1", Execution("session_default"))
     bare = SessionContext("s", sandbox=Permissions(writable_roots=("/w",)))  # a tmpfs /tmp: as before
     assert "exists only inside" in _stranded_workdir(bare, "/tmp/tmp.abc", Execution("session_default"))
+
+
+def test_execgates_own_package_is_always_visible_read_only():
+    """Every sandbox binds execgate's package read-only (its launcher starts first inside, then
+    the wrapper and shim run): a virtualenv under /tmp, hidden by the private /tmp, made
+    bwrap_usable() fail and --sandbox auto fall back to none (found by a fresh clone under /tmp)."""
+    from execgate.server.sandbox import own_package_dirs
+
+    argv = bwrap_argv(Permissions(), cwd="/", bwrap="/usr/bin/bwrap")
+    (package,) = own_package_dirs()
+    binds = [tuple(argv[i:i + 3]) for i in range(len(argv) - 2)]
+    assert ("--ro-bind-try", package, package) in binds
+    assert argv.index("--ro-bind-try", argv.index("--tmpfs")) < argv.index("--")
