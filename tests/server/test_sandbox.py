@@ -291,7 +291,7 @@ def test_execgate_own_package_is_protected_in_every_sandbox():
     argv = bwrap_argv(Permissions(writable_roots=(above,)), cwd=above)
     assert argv.index("--ro-bind", argv.index(above)) < argv.index("--chdir")
     last = len(argv) - 1 - argv[::-1].index(own[0])  # the protection, after the writable root
-    assert argv[last - 1] == "--ro-bind" and last > argv.index(above)
+    assert argv[last - 2] == "--ro-bind" and last > argv.index(above)  # --ro-bind SRC DEST
 
 
 def test_hidden_and_protected_paths_cross_the_wire_and_reach_escalations():
