@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                 "  execgate run -- python3 -c 'print(\"hi there\")'  # several words: a command, quoted exactly"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("script", metavar="SCRIPT", nargs="+",
+    parser.add_argument("script", metavar="SCRIPT | COMMAND ARG", nargs="+",
                         help="one word: a shell script (e.g. 'make && make test'); several words: a "
                              "command and its arguments, run exactly as given (like sudo or env)")
     pol = parser.add_mutually_exclusive_group()
@@ -79,8 +79,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         help="the session's HOME. private (the default with a sandbox): a fresh writable directory "
                              "(HOME, XDG_*_HOME, pip/npm/cargo/Go caches point into it; .gitconfig gets only your "
                              "user.name and user.email; removed at exit) and your real HOME is hidden; "
-                             "real (the default without a sandbox): your real HOME, WRITABLE in the sandbox: the "
-                             "session gets your dotfiles and credentials; DIR: like private, in DIR, kept")
+                             "real (the default without a sandbox): your real HOME, writable by the session (in a "
+                             "sandbox too): it gets your dotfiles and credentials; DIR: like private, in DIR, kept")
     parser.add_argument("--seccomp", choices=("auto", "on", "off"), default="auto",
                         help="seccomp backstop: every exec of the session reaches the gate, whatever made it "
                              "(static and Go programs, raw system calls); auto: on where the kernel allows it (default)")
