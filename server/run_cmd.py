@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                 "  execgate run -- python3 -c 'print(\"hi there\")'  # several words: a command, quoted exactly"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("script", metavar="SCRIPT | COMMAND ARG", nargs="+",
+    parser.add_argument("script", metavar="WORD", nargs="+",
                         help="one word: a shell script (e.g. 'make && make test'); several words: a "
                              "command and its arguments, run exactly as given (like sudo or env)")
     pol = parser.add_mutually_exclusive_group()
