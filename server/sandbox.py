@@ -254,8 +254,11 @@ def bwrap_argv(
     for bind in extra_binds:
         if any(under(bind, r) or under(r, bind) for r in permissions.writable_roots):
             raise SandboxError(f"{bind} must stay read-only but overlaps a writable root")
+    # --as-pid-1: the command itself is pid 1 of the new pid namespace. Otherwise bwrap's own
+    # init would be pid 1, outside every seccomp filter the command installs (the set-ID filter,
+    # the backstop), and a process of the session could ptrace it and make it chmod or exec.
     argv = [bwrap, "--unshare-user", "--disable-userns", "--cap-drop", "ALL", "--new-session",
-            "--unshare-pid", "--unshare-ipc", "--die-with-parent",
+            "--unshare-pid", "--as-pid-1", "--unshare-ipc", "--die-with-parent",
             "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     for path in _PROC_READ_ONLY:
         argv += ["--ro-bind-try", path, path]

@@ -25,7 +25,8 @@
  * set-user-ID or set-group-ID bit: chmod, fchmod, fchmodat, fchmodat2 with S_ISUID or S_ISGID in
  * the mode, and open, openat, creat, mknod, mknodat asking for either bit, fail with EPERM;
  * openat2 (whose mode sits in a struct the filter cannot read) fails with ENOSYS, so callers fall
- * back to openat. Why: root inside a root session's sandbox is the host's uid 0 (its user
+ * back to openat; so do io_uring_setup/enter/register (io_uring's IORING_OP_OPENAT creates files
+ * in the kernel, unseen by the filter). Why: root inside a root session's sandbox is the host's uid 0 (its user
  * namespace maps 0 to 0), and a file's owner needs no capability to set its set-ID bits
  * (chmod(2)), so a set-user-ID root copy of a shell left in the working directory would hand
  * root to every local user. Then it execs PROGRAM with argv PROGRAM ARG1 ... as bwrap would
@@ -121,6 +122,9 @@ static const struct checked calls32[] = {
     {15, 1}, {94, 1}, {306, 2}, {452, 2}, {5, 2}, {295, 3}, {8, 1}, {14, 1}, {297, 2},
 };
 #define OPENAT2 437u
+/* io_uring_setup, io_uring_enter, io_uring_register: 425-427 on x86_64 and i386 alike. */
+#define IO_URING_SETUP 425u
+#define IO_URING_REGISTER 427u
 
 static int emit_calls(struct sock_filter *f, int n, const struct checked *calls, size_t count)
 {
@@ -132,6 +136,11 @@ static int emit_calls(struct sock_filter *f, int n, const struct checked *calls,
         f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
     }
     f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, OPENAT2, 0, 1);
+    f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS);
+    /* io_uring's own open (IORING_OP_OPENAT) runs in the kernel, out of the filter's sight: no
+       io_uring at all (ENOSYS, as Docker's default profile answers), callers fall back. */
+    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, IO_URING_SETUP, 0, 2);
+    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGT | BPF_K, IO_URING_REGISTER, 1, 0);
     f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS);
     f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
     return n;
