@@ -176,6 +176,51 @@ def in_session_tmp(path: str, permissions: Permissions) -> bool:
     return bool(permissions.tmp_dir) and under(path, "/tmp") and not visible_inside(path, permissions)
 
 
+def tmp_mount_parents(permissions: Permissions, extra_binds: Sequence[str] = ()) -> list[str]:
+    """The directories strictly between ``/tmp`` and each path a sandbox mounts below it (roots,
+    execgate's package, extra binds, masked directories), shallowest first, when ``/tmp`` is the
+    session's own directory (``permissions.tmp_dir``).
+
+    Each is bound onto itself (``tmp_dir/…`` at ``/tmp/…``) right after ``tmp_dir``: in the
+    session's own directory a plain directory could be renamed and a symlink put in its place, and
+    a later sandbox of the session (an escalation) would then mount a root through the symlink,
+    anywhere (review found a workdir bound over execgate's own launcher that way); a mount point
+    cannot be renamed (``EBUSY``). They must exist in ``tmp_dir`` before the session starts:
+    :func:`make_tmp_mount_parents`."""
+    if not permissions.tmp_dir:
+        return []
+    mounted = (*permissions.writable_roots, *permissions.readable_roots, *permissions.protected_paths,
+               *permissions.masked_dirs, *own_package_dirs(), *extra_binds)
+    parents: dict[str, None] = {}
+    for path in mounted:
+        path = os.path.normpath(path) if os.path.isabs(path) else ""
+        if not under(path, "/tmp") or path == "/tmp":
+            continue
+        parts = path.split("/")[2:-1]  # below "/tmp", without the path itself
+        for depth in range(1, len(parts) + 1):
+            parents["/tmp/" + "/".join(parts[:depth])] = None
+    return sorted(parents, key=lambda p: p.count("/"))
+
+
+def make_tmp_mount_parents(permissions: Permissions, extra_binds: Sequence[str] = ()) -> None:
+    """Make :func:`tmp_mount_parents` in the fresh ``permissions.tmp_dir`` (before the session's
+    shell starts, while nothing of the session runs: no symlink of its can be in the way).
+
+    Raises:
+        SandboxError: one cannot be made, or something other than a directory is there.
+    """
+    for inner in tmp_mount_parents(permissions, extra_binds):
+        host = permissions.tmp_dir + inner[len("/tmp"):]
+        try:
+            os.mkdir(host, 0o755)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise SandboxError(f"cannot make {host} in the session's /tmp directory: {exc}") from exc
+        if os.path.islink(host) or not os.path.isdir(host):
+            raise SandboxError(f"{host} in the session's /tmp directory is not a directory")
+
+
 def check_tmp_dir(tmp_dir: str) -> None:
     """Raise :class:`SandboxError` unless ``tmp_dir`` may be bound read-write at ``/tmp``: an
     absolute, normalised path with no symlink in it, naming an existing directory that is no
@@ -265,6 +310,8 @@ def bwrap_argv(
     argv += _private_run()
     if tmp_dir:
         argv += ["--bind", tmp_dir, "/tmp"]
+        for inner in tmp_mount_parents(permissions, extra_binds):
+            argv += ["--bind", tmp_dir + inner[len("/tmp"):], inner]
     elif private_tmp:
         argv += ["--tmpfs", "/tmp"]
     for path in permissions.masked_dirs:
@@ -479,6 +526,8 @@ class ShellSandbox:
         """
         if self.mode == "none" or self.permissions is None:
             return list(shell_argv)
+        if self.permissions.tmp_dir:
+            make_tmp_mount_parents(self.permissions, extra_binds)
         return bwrap_argv(self.permissions, cwd=cwd, extra_binds=extra_binds, bwrap=self.bwrap,
                           hidden=self.hidden) + list(shell_argv)
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tempfile
@@ -182,3 +183,27 @@ def test_a_forged_request_cannot_choose_the_tmp_directory(attacker, outside):
     out = done.stdout
     assert "answer=Escalate" in out and "forged-status=" in out, out + done.stderr  # the escalation ran
     assert token not in out and "forged-status=1" in out, out
+
+
+def test_a_renamed_parent_cannot_move_an_escalations_mounts(attacker, outside):
+    """A working directory two levels under /tmp: its parent, in the session's own /tmp
+    directory, was a plain directory the session could rename and replace with a symlink, so that
+    an escalation's bwrap mounted the working directory through it, anywhere (review round 3 put
+    it over execgate's own launcher and ran a fake one; over /usr/share here). Every directory
+    between /tmp and a mount is a mount point of its own: the rename fails, the escalation's
+    /usr/share is the real one."""
+    base = attacker.workdir()
+    work = base / "deep"
+    work.mkdir()
+    (work / "MARK").write_text("from the workdir\n")
+    for path in (work, work / "MARK"):
+        os.chown(path, attacker.uid, attacker.gid)
+    rules = _rules(outside, ESCALATE_DASH)
+    script = (f"mv {base} /tmp/moved-away 2>/dev/null; echo mv=$?; "
+              f"mkdir -p {base} 2>/dev/null; ln -s ../../usr/share {work} 2>/dev/null; echo ln=$?; "
+              "dash -c 'test -e /usr/share/MARK && echo shadowed; test -d /usr/share/doc && echo doc-visible'")
+    done = attacker.execgate("run", "--sandbox", "bwrap", "--rules", str(rules), "--cwd", str(work), "--", script,
+                             cwd=work)
+    out = done.stdout + done.stderr
+    assert "mv=0" not in done.stdout and "mv=" in done.stdout, out
+    assert "shadowed" not in done.stdout and "doc-visible" in done.stdout, out
