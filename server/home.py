@@ -81,8 +81,7 @@ class SessionHome:
         """Delete a private HOME (read-only files and directories included, e.g. Go's module
         cache). Idempotent; does nothing for ``real`` and ``DIR``."""
         if self.remove and os.path.isdir(self.path):
-            _make_writable(self.path)
-            shutil.rmtree(self.path, ignore_errors=True)
+            remove_tree(self.path)
 
 
 def home_vars(home: str) -> dict[str, str]:
@@ -204,20 +203,65 @@ def _quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _make_writable(top: str) -> None:
-    """Give the owner write and search permission on every directory under ``top`` (not
-    following symlinks), so that rmtree can delete read-only trees."""
-    for dirpath, dirnames, _ in os.walk(top):
-        for name in dirnames:
-            path = os.path.join(dirpath, name)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def remove_tree(top: str) -> None:
+    """Delete directory ``top`` and everything in it, as far as possible; never raises.
+
+    What a session left there is its own choice: read-only directories (Go's module cache),
+    trees deeper than Python's recursion limit, symlinks to host files. So the walk is iterative
+    (no recursion: a 1,300-deep tree crashed ``shutil.rmtree``'s cleanup, review round 3) and works
+    on directory fds: each directory is opened ``O_NOFOLLOW`` relative to its parent's fd, made
+    writable with ``fchmod`` on that very directory (never a chmod by path, which would follow a
+    symlink put in its place), emptied with ``unlinkat`` and removed with ``unlinkat(AT_REMOVEDIR)``.
+    A symlink is removed, never followed."""
+    try:
+        fd = os.open(top, _DIR_FLAGS)
+    except OSError:
+        return
+    stack: list[tuple[int, int | None, str, set[str]]] = [(fd, None, "", set())]  # (fd, parent fd, name, done)
+    while stack:
+        fd, parent, name, done = stack[-1]
+        try:
+            os.fchmod(fd, 0o700)
+        except OSError:
+            pass
+        child = None
+        try:
+            entries = list(os.scandir(fd))
+        except OSError:
+            entries = []
+        for entry in entries:
+            if entry.name in done:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                done.add(entry.name)
+                try:
+                    child = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
+                except OSError:
+                    try:  # a directory without search permission: open it after a chmod of it alone
+                        os.chmod(entry.name, 0o700, dir_fd=fd, follow_symlinks=False)
+                        child = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
+                    except (OSError, NotImplementedError):
+                        continue
+                stack.append((child, fd, entry.name, set()))
+                break
             try:
-                st = os.lstat(path)
-                if stat.S_ISDIR(st.st_mode):
-                    os.chmod(path, st.st_mode | stat.S_IRWXU)
+                os.unlink(entry.name, dir_fd=fd)
+            except OSError:
+                done.add(entry.name)
+        if child is not None:
+            continue
+        stack.pop()
+        os.close(fd)
+        if parent is not None:
+            try:
+                os.rmdir(name, dir_fd=parent)
             except OSError:
                 pass
     try:
-        os.chmod(top, 0o700)
+        os.rmdir(top)
     except OSError:
         pass
 
@@ -232,8 +276,7 @@ class SessionTmp:
     def cleanup(self) -> None:
         """Delete the directory and everything the session left in it. Idempotent."""
         if self.path is not None and os.path.isdir(self.path):
-            _make_writable(self.path)
-            shutil.rmtree(self.path, ignore_errors=True)
+            remove_tree(self.path)
 
 
 def with_private_tmp(sandbox: ShellSandbox) -> tuple[ShellSandbox, SessionTmp]:

@@ -207,3 +207,13 @@ def test_a_renamed_parent_cannot_move_an_escalations_mounts(attacker, outside):
     out = done.stdout + done.stderr
     assert "mv=0" not in done.stdout and "mv=" in done.stdout, out
     assert "shadowed" not in done.stdout and "doc-visible" in done.stdout, out
+
+
+def test_a_tree_deeper_than_the_recursion_limit_is_removed_at_exit(attacker):
+    """Review round 3: 1,300 nested directories in the session's /tmp crashed the cleanup
+    (RecursionError): execgate run exited 1 with a traceback instead of the script's status, and
+    the directory stayed on the host."""
+    done = _run(attacker, 'cd /tmp && for i in $(seq 1300); do mkdir d && cd d || exit 3; done; exit 7', timeout=180)
+    assert done.returncode == 7, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert not _tmp_dir(done.stderr).exists()
