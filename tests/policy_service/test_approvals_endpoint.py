@@ -74,6 +74,12 @@ async def test_separate_approvals_listener(service, short_tmp: Path) -> None:
         stream = stub.WatchPending(apb.WatchPendingRequest(approver="bob"), metadata=bearer("approve"))
         from execgate.v1 import policy_pb2_grpc
 
+        # The stream starts when the service has it, not when the call returns: a prompt asked
+        # before that finds no approver and is denied at once (a race CI lost under load).
+        async with asyncio.timeout(10):
+            while not server.decisions.approvals.approvers:
+                await asyncio.sleep(0.01)
+
         asked = asyncio.ensure_future(policy_pb2_grpc.EscalationPolicyStub(decisions).DetermineAction(
             ls_request("s", "-a"), metadata=bearer("decide"), timeout=30))
         pending = await asyncio.wait_for(stream.read(), 10)
