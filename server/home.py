@@ -210,47 +210,40 @@ def remove_tree(top: str) -> None:
     """Delete directory ``top`` and everything in it, as far as possible; never raises.
 
     What a session left there is its own choice: read-only directories (Go's module cache),
-    trees deeper than Python's recursion limit, symlinks to host files. So the walk is iterative
-    (no recursion: a 1,300-deep tree crashed ``shutil.rmtree``'s cleanup, review round 3) and works
-    on directory fds: each directory is opened ``O_NOFOLLOW`` relative to its parent's fd, made
-    writable with ``fchmod`` on that very directory (never a chmod by path, which would follow a
-    symlink put in its place), emptied with ``unlinkat`` and removed with ``unlinkat(AT_REMOVEDIR)``.
-    A symlink is removed, never followed."""
+    trees deeper than Python's recursion limit, 100,000 directories side by side, symlinks to host
+    files. So the walk is iterative (no recursion: a 1,300-deep tree crashed ``shutil.rmtree``'s
+    cleanup, review round 3), reads each directory once (a rescan per subdirectory made 12,000
+    siblings take 40 s, review round 4) and works on directory fds: each directory is opened
+    ``O_NOFOLLOW`` relative to its parent's fd, made writable with ``fchmod`` on that very
+    directory (never a chmod by path, which would follow a symlink put in its place), emptied with
+    ``unlinkat`` and removed with ``unlinkat(AT_REMOVEDIR)``. A symlink is removed, never followed."""
     try:
         fd = os.open(top, _DIR_FLAGS)
     except OSError:
         return
-    stack: list[tuple[int, int | None, str, set[str]]] = [(fd, None, "", set())]  # (fd, parent fd, name, done)
+    # (fd, parent fd, name in the parent, entries left to visit)
+    stack: list[tuple[int, int | None, str, list[os.DirEntry[str]]]] = [(fd, None, "", _entries(fd))]
     while stack:
-        fd, parent, name, done = stack[-1]
-        try:
-            os.fchmod(fd, 0o700)
-        except OSError:
-            pass
+        fd, parent, name, entries = stack[-1]
         child = None
-        try:
-            entries = list(os.scandir(fd))
-        except OSError:
-            entries = []
-        for entry in entries:
-            if entry.name in done:
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                done.add(entry.name)
+        while entries and child is None:
+            entry = entries.pop()
+            if not entry.is_dir(follow_symlinks=False):
                 try:
-                    child = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
+                    os.unlink(entry.name, dir_fd=fd)
                 except OSError:
-                    try:  # a directory without search permission: open it after a chmod of it alone
-                        os.chmod(entry.name, 0o700, dir_fd=fd, follow_symlinks=False)
-                        child = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
-                    except (OSError, NotImplementedError):
-                        continue
-                stack.append((child, fd, entry.name, set()))
-                break
+                    pass
+                continue
             try:
-                os.unlink(entry.name, dir_fd=fd)
+                child = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
             except OSError:
-                done.add(entry.name)
+                try:  # a directory without search permission: open it after a chmod of it alone
+                    os.chmod(entry.name, 0o700, dir_fd=fd, follow_symlinks=False)
+                    child = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
+                except (OSError, NotImplementedError):
+                    child = None
+                    continue
+            stack.append((child, fd, entry.name, _entries(child)))
         if child is not None:
             continue
         stack.pop()
@@ -264,6 +257,20 @@ def remove_tree(top: str) -> None:
         os.rmdir(top)
     except OSError:
         pass
+
+
+def _entries(fd: int) -> list[os.DirEntry[str]]:
+    """The entries of the directory open on ``fd`` (made writable and searchable by its owner
+    first, through that fd), or none if it cannot be read."""
+    try:
+        os.fchmod(fd, 0o700)
+    except OSError:
+        pass
+    try:
+        with os.scandir(fd) as it:
+            return list(it)
+    except OSError:
+        return []
 
 
 @dataclass
