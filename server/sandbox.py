@@ -176,6 +176,23 @@ def in_session_tmp(path: str, permissions: Permissions) -> bool:
     return bool(permissions.tmp_dir) and under(path, "/tmp") and not visible_inside(path, permissions)
 
 
+def _not_nested(roots: Sequence[str], writable: Sequence[str]) -> list[str]:
+    """``roots`` (absolute ones, each once) without those that lie strictly inside one of the
+    ``writable`` roots, as written or resolved: those are visible and writable through it already,
+    and binding them again would resolve their path through directories the session can change
+    (a symlink planted in place of a parent: an escalation's bwrap then bound a host directory of
+    the session's choosing, read-write, over the nested root's path; review round 4)."""
+    spelled = [p for w in writable if os.path.isabs(w) for p in (os.path.normpath(w), os.path.realpath(w))]
+    kept: dict[str, None] = {}
+    for root in roots:
+        if not os.path.isabs(root):
+            continue
+        forms = {os.path.normpath(root), os.path.realpath(root)}
+        if not any(under(f, w) and f != w for f in forms for w in spelled):
+            kept[root] = None
+    return list(kept)
+
+
 def tmp_mount_parents(permissions: Permissions, extra_binds: Sequence[str] = ()) -> list[str]:
     """The directories strictly between ``/tmp`` and each path a sandbox mounts below it (roots,
     execgate's package, extra binds, masked directories), shallowest first, when ``/tmp`` is the
@@ -189,8 +206,10 @@ def tmp_mount_parents(permissions: Permissions, extra_binds: Sequence[str] = ())
     :func:`make_tmp_mount_parents`."""
     if not permissions.tmp_dir:
         return []
-    mounted = (*permissions.writable_roots, *permissions.readable_roots, *permissions.protected_paths,
-               *permissions.masked_dirs, *own_package_dirs(), *extra_binds)
+    writable = permissions.writable_roots
+    mounted = (*_not_nested((*permissions.writable_roots, *permissions.readable_roots, *own_package_dirs()),
+                            writable),
+               *permissions.protected_paths, *permissions.masked_dirs, *extra_binds)
     parents: dict[str, None] = {}
     for path in mounted:
         path = os.path.normpath(path) if os.path.isabs(path) else ""
@@ -320,9 +339,9 @@ def bwrap_argv(
     # execgate's own package is always visible (read-only): it holds the launcher that
     # no_setid_prefix() starts first, the wrapper and the preload shim, and may lie under a
     # private /tmp or a masked HOME (a virtualenv under /tmp: bwrap_usable() probes this way too).
-    for root in dict.fromkeys((*permissions.readable_roots, *own_package_dirs())):
+    for root in _not_nested((*permissions.readable_roots, *own_package_dirs()), permissions.writable_roots):
         argv += ["--ro-bind-try", root, root]
-    for root in permissions.writable_roots:
+    for root in _not_nested(permissions.writable_roots, permissions.writable_roots):
         argv += ["--bind-try", root, root]
     argv += _protect((*permissions.protected_paths, *own_package_dirs()), permissions.writable_roots)
     for bind in extra_binds:

@@ -217,3 +217,29 @@ def test_a_tree_deeper_than_the_recursion_limit_is_removed_at_exit(attacker):
     assert done.returncode == 7, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert not _tmp_dir(done.stderr).exists()
+
+
+def test_a_root_nested_in_the_working_directory_is_not_bound_again(attacker, outside):
+    """``--home DIR`` two levels inside the working directory: an escalation's bwrap bound the
+    HOME by its path after the working directory, so a symlink the session put in place of the
+    HOME's parent made it bind a host directory of the session's choosing, read-write (review
+    round 4 read a secret and wrote a file there). A root inside a writable root is not bound
+    again: it shows through the outer one."""
+    base = attacker.workdir()
+    work, secret_dir = base / "p", base / "hostsecret" / "home"
+    (work / ".x").mkdir(parents=True)
+    secret_dir.mkdir(parents=True)
+    (secret_dir / "secret.txt").write_text("TOPSECRET\n")
+    for path in (work, work / ".x"):
+        os.chown(path, attacker.uid, attacker.gid)
+    (base / "hostsecret").chmod(0o700)
+    os.chown(base / "hostsecret", attacker.uid, attacker.gid)
+    rules = _rules(outside, ESCALATE_DASH)
+    script = (f"mkdir -p {base}/hostsecret/home; mv .x .x.old; ln -s ../hostsecret .x; "
+              f"dash -c 'cat {work}/.x/home/secret.txt; echo W > {work}/.x/home/pwned'; echo done")
+    done = attacker.execgate("run", "-q", "--sandbox", "bwrap", "--rules", str(rules), "--cwd", str(work),
+                             "--home", str(work / ".x" / "home"), "--", script, cwd=work)
+    out = done.stdout + done.stderr
+    assert "done" in done.stdout, out
+    assert "TOPSECRET" not in out, out
+    assert not (secret_dir / "pwned").exists(), out
