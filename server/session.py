@@ -39,6 +39,7 @@ id (needs the pid space to wrap around within one session's life).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import os
@@ -121,6 +122,14 @@ class Session:
         # Under /tmp, not TMPDIR: a TMPDIR inside the working directory would put the socket in a
         # writable root of the sandbox (and /tmp is short, for AF_UNIX's 108-byte paths).
         self._dir = tempfile.mkdtemp(prefix="execgate-", dir=socket_dir or DEFAULT_SOCKET_PARENT)  # mode 0700
+        box = self.context.sandbox
+        if box is not None:
+            # Every sandboxed escalation binds this directory read-only too. Where the session's
+            # /tmp is a host directory shared with its escalations, the directory is a mount point
+            # in the session only: an escalation could rename it away there and the session could
+            # put a fake server at its path (review round 4).
+            self.context = dataclasses.replace(
+                self.context, sandbox=dataclasses.replace(box, readable_roots=(*box.readable_roots, self._dir)))
         try:
             #: This session's share of the containment (:mod:`.containment`); an empty cgroup is
             #: left to the process's supervisor should what follows fail.

@@ -243,3 +243,18 @@ def test_a_root_nested_in_the_working_directory_is_not_bound_again(attacker, out
     assert "done" in done.stdout, out
     assert "TOPSECRET" not in out, out
     assert not (secret_dir / "pwned").exists(), out
+
+
+def test_an_escalation_cannot_move_the_sessions_socket_directory(attacker, outside):
+    """Review round 4: in an escalation's view of the session's /tmp directory, the session's
+    fallback-socket directory was a plain directory: an escalated command renamed it away and the
+    session bound a socket of its own at EXECGATE_SOCKET_PATH. Escalations bind it read-only too."""
+    rules = _rules(outside, ESCALATE_DASH)
+    script = ('S=$(dirname "$EXECGATE_SOCKET_PATH"); dash -c "mv $S /tmp/gone-away"; echo mv=$?; '
+              'mkdir -p "$S" 2>/dev/null; /usr/bin/python3 -c "import os, socket; '
+              's = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); s.bind(os.environ[\'EXECGATE_SOCKET_PATH\'])" '
+              '2>/dev/null; echo bind=$?')
+    done = _run(attacker, script, "-q", "--rules", str(rules))
+    out = done.stdout + done.stderr
+    assert "mv=" in done.stdout and "mv=0" not in done.stdout, out
+    assert "bind=" in done.stdout and "bind=0" not in done.stdout, out

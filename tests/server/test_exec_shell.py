@@ -8,6 +8,7 @@ of a stock shell arrives with the preload shim (the native branch).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -96,7 +97,11 @@ async def test_launcher_extra_env_and_sandbox_reach_shell_and_policy(short_tmp):
     result = await server.exec(script, str(short_tmp), session_id="agent-7", labels={"team": "x"})
     assert result.stdout == "agent-7\nshim-ok\n", result.stderr
     ctx = policy.calls[0][3]
-    assert (ctx.session_id, dict(ctx.labels), ctx.sandbox) == ("agent-7", {"team": "x"}, profile)
+    assert (ctx.session_id, dict(ctx.labels)) == ("agent-7", {"team": "x"})
+    # the profile, with the session's socket directory readable (every sandboxed escalation binds it)
+    (socket_dir,) = set(ctx.sandbox.readable_roots) - set(profile.readable_roots)
+    assert ctx.sandbox == dataclasses.replace(profile, readable_roots=(*profile.readable_roots, socket_dir))
+    assert os.path.basename(socket_dir).startswith("execgate-")
 
 
 async def test_overlay_is_exported_and_client_fd_inherited(short_tmp):
@@ -144,4 +149,4 @@ async def test_launch_argv_launcher_gets_the_socket_dir_to_bind(short_tmp):
     assert result.stdout == "1\n"
     ((cwd, binds),) = calls
     assert cwd == str(short_tmp) and len(binds) == 1 and os.path.dirname(binds[0]) == str(short_tmp)
-    assert policy.calls[0][3].sandbox == Permissions(network=True)
+    assert policy.calls[0][3].sandbox == Permissions(network=True, readable_roots=(binds[0],))
