@@ -14,6 +14,7 @@ import pytest
 
 from execgate.server.policy import Permissions
 from execgate.server.sandbox import (
+    make_tmp_mount_parents,
     TRUSTED_BIN_DIRS,
     SandboxError,
     bwrap_argv,
@@ -320,8 +321,12 @@ def test_a_tmp_dir_is_bound_at_tmp_and_the_hosts_tmp_stays_hidden(short_tmp):
         (tmp / "made-before").write_text("from-the-session\n")
         perms = Permissions(writable_roots=(str(short_tmp),), tmp_dir=str(tmp))
         script = f"cat /tmp/made-before; echo new > /tmp/made-inside; ls {marker} 2>/dev/null; echo marker=$?"
+        # As ShellSandbox.launch_argv does before the session starts: the directories between /tmp
+        # and each mount below it (execgate's package, under /tmp in a CI clone) are made first.
+        make_tmp_mount_parents(perms)
         done = _run(bwrap_argv(perms, cwd=str(short_tmp)) + ["/bin/sh", "-c", script])
         assert done.stdout.split() == ["from-the-session", "marker=2"], done.stdout + done.stderr
+        assert sorted(p.name for p in tmp.iterdir() if p.is_file()) == ["made-before", "made-inside"]
         assert (tmp / "made-inside").read_text() == "new\n"
         argv = bwrap_argv(perms, cwd="/tmp/sub")  # a start directory in it is visible inside
         assert argv[argv.index(str(tmp)) - 1] == "--bind" and argv[argv.index(str(tmp)) + 1] == "/tmp"
