@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -153,3 +154,38 @@ def attacker(request):
         yield who
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def outside():
+    """A root-owned directory outside every session root (mode 0755, under /var/tmp), removed
+    afterwards: rules files live here (a session must not edit them), and files only an
+    escalation or the host should reach."""
+    path = Path(tempfile.mkdtemp(prefix="eg-out-", dir="/var/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def host_tmp_file():
+    """``(path, token)``: a file in the host's /tmp holding ``token``, readable by all, which no
+    sandbox may see (each has a /tmp of its own)."""
+    token = f"host-tmp-{uuid.uuid4().hex}"
+    path = Path(f"/tmp/eg-host-{uuid.uuid4().hex[:8]}")
+    path.write_text(token + "\n")
+    path.chmod(0o644)
+    try:
+        yield path, token
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def rules_file(directory: Path, text: str) -> Path:
+    """``directory/rules.toml`` holding ``text``, mode 0644."""
+    path = directory / "rules.toml"
+    path.write_text(text)
+    path.chmod(0o644)
+    return path

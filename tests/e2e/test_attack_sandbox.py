@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from attack_support import rules_file
 from execgate.server.sandbox import bwrap_usable, own_package_dirs
 
 pytestmark = pytest.mark.skipif(bwrap_usable() is not None, reason=f"bwrap unusable: {bwrap_usable()}")
@@ -54,36 +55,10 @@ v=$(cat /proc/sys/kernel/core_pattern); printf '%s\n' "$v" 2>/dev/null > /proc/s
 """
 
 
-@pytest.fixture
-def outside():
-    """A root-owned directory outside every session root (mode 0755), removed afterwards: rules
-    files live here (a session must not edit them), and the root-owned target file."""
-    path = Path(tempfile.mkdtemp(prefix="eg-out-", dir="/var/tmp"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-def host_secret():
-    """A file in the host's /tmp (readable by all): a sandbox sees only its private /tmp."""
-    token = f"host-secret-{uuid.uuid4().hex}"
-    path = Path(f"/tmp/eg-secret-{uuid.uuid4().hex[:8]}")
-    path.write_text(token + "\n")
-    path.chmod(0o644)
-    try:
-        yield path, token
-    finally:
-        path.unlink(missing_ok=True)
 
 
-def _rules(directory: Path, text: str) -> Path:
-    path = directory / "rules.toml"
-    path.write_text(text)
-    path.chmod(0o644)
-    return path
 
 
 def _run(attacker, script: str, *extra: str, cwd: Path | None = None):
@@ -106,7 +81,7 @@ def _assert_confined(out: str, target: Path, secret: str) -> None:
 
 
 def test_fake_bwrap_on_path_never_launches_an_escalation(attacker, outside):
-    rules = _rules(outside, ESCALATE_DASH)
+    rules = rules_file(outside, ESCALATE_DASH)
     work = attacker.workdir()
     fake = work / "fake"
     fake.mkdir()
@@ -122,21 +97,21 @@ def test_fake_bwrap_on_path_never_launches_an_escalation(attacker, outside):
 # ------------------------------------------------------------------ 2: bwrap confines root too
 
 
-def test_shell_sandbox_has_no_capabilities_and_no_way_out(attacker, outside, host_secret):
+def test_shell_sandbox_has_no_capabilities_and_no_way_out(attacker, outside, host_tmp_file):
     target = outside / "root-owned"
     target.write_text("original\n")
     target.chmod(0o644)
-    path, token = host_secret
+    path, token = host_tmp_file
     done = _run(attacker, BREAKOUT.format(target=target, secret=path))
     _assert_confined(done.stdout, target, token)
 
 
-def test_escalated_sandbox_has_no_capabilities_and_no_way_out(attacker, outside, host_secret):
-    rules = _rules(outside, ESCALATE_DASH)
+def test_escalated_sandbox_has_no_capabilities_and_no_way_out(attacker, outside, host_tmp_file):
+    rules = rules_file(outside, ESCALATE_DASH)
     target = outside / "root-owned"
     target.write_text("original\n")
     target.chmod(0o644)
-    path, token = host_secret
+    path, token = host_tmp_file
     inner = BREAKOUT.format(target=target, secret=path).replace("'", "'\\''")
     done = _run(attacker, f"dash -c '{inner}'", "--rules", str(rules))
     assert "remount=" in done.stdout, done.stderr  # the escalated dash ran
@@ -147,7 +122,7 @@ def test_host_service_sockets_in_run_are_out_of_reach(attacker, outside):
     # docker.sock, systemd's private socket, /run/user/UID/bus: a socket the attacker may write
     # (root-owned for root, which is uid 0 to the host even in a user namespace; its own for the
     # user) in /run. connect(2) needs only that, read-only mount or not.
-    rules = _rules(outside, ESCALATE_DASH)
+    rules = rules_file(outside, ESCALATE_DASH)
     path = f"/run/eg-svc-{uuid.uuid4().hex[:8]}.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -219,7 +194,7 @@ def test_no_terminal_to_inject_into(attacker):
 
 
 def test_escalation_from_proc_never_sees_the_host_process_table(attacker, outside):
-    rules = _rules(outside, ESCALATE_DASH)
+    rules = rules_file(outside, ESCALATE_DASH)
     token = f"3600.{uuid.uuid4().int % 10**9}"
     host = subprocess.Popen(["sleep", token])
     try:
@@ -232,10 +207,10 @@ def test_escalation_from_proc_never_sees_the_host_process_table(attacker, outsid
     assert "exists only inside this session's sandbox" in done.stderr, done.stderr
 
 
-def test_escalation_from_tmp_never_sees_the_host_tmp(attacker, outside, host_secret):
+def test_escalation_from_tmp_never_sees_the_host_tmp(attacker, outside, host_tmp_file):
     # /tmp is the session's own directory, in its sandbox and in the escalated one alike.
-    rules = _rules(outside, ESCALATE_DASH)
-    path, token = host_secret
+    rules = rules_file(outside, ESCALATE_DASH)
+    path, token = host_tmp_file
     done = _run(attacker, f"cd /tmp && dash -c 'pwd; cat {path}'; echo \"status=$?\"", "--rules", str(rules))
     assert token not in done.stdout, done.stdout
     assert "/tmp\n" in done.stdout and "status=1" in done.stdout, done.stdout + done.stderr  # it ran, saw nothing
@@ -244,7 +219,7 @@ def test_escalation_from_tmp_never_sees_the_host_tmp(attacker, outside, host_sec
 def test_escalation_from_a_private_tmp_directory_works(attacker, outside):
     # Was refused while the session's /tmp was a tmpfs of its own (issue #12 item 8); the
     # unsandboxed case still is (tests/e2e/test_attack_session_tmp.py).
-    rules = _rules(outside, ESCALATE_DASH)
+    rules = rules_file(outside, ESCALATE_DASH)
     script = ('cd "$(mktemp -d)" && dash -c "echo escalated-ok > out"; echo "status=$?"; cat out; '
               'cd ~- && dash -c "echo from-root-ok"')
     done = _run(attacker, script, "--rules", str(rules))
@@ -309,7 +284,7 @@ def test_execgate_install_in_the_working_directory_stays_read_only(attacker, out
     # must not rewrite what runs outside the sandbox next time (the native wrapper, the preload
     # shim, the Python sources, the shipped rules). A copy of the installed package, owned by the
     # attacker, is imported first (PYTHONPATH) and lies inside the working directory.
-    rules = _rules(outside, ESCALATE_DASH)
+    rules = rules_file(outside, ESCALATE_DASH)
     top = Path(tempfile.mkdtemp(prefix="eg-inst-", dir="/var/tmp"))
     try:
         package = top / "site" / "execgate"
@@ -383,7 +358,7 @@ def test_no_set_id_file_can_be_left_in_a_writable_root(attacker, outside, where)
     if where == "session":
         done = _run(attacker, _SETID)
     else:
-        rules = _rules(outside, ESCALATE_DASH)
+        rules = rules_file(outside, ESCALATE_DASH)
         inner = _SETID.replace("'", "'\\''")
         done = _run(attacker, f"dash -c '{inner}'", "--rules", str(rules))
     out = done.stdout + done.stderr
@@ -437,7 +412,7 @@ def test_fallback_socket_cannot_be_replaced_by_a_fake_server(attacker, outside):
     bindir.mkdir()
     os.chown(bindir, attacker.uid, attacker.gid)
     marker = attacker.marker_program(bindir, "pwned")
-    rules = _rules(outside, f'default = "run"\n\n[[rule]]\nid = "no-pwned"\nprogram = "{marker}"\ndecision = "deny"\n')
+    rules = rules_file(outside, f'default = "run"\n\n[[rule]]\nid = "no-pwned"\nprogram = "{marker}"\ndecision = "deny"\n')
     fake = outside / "fake_server.py"
     fake.write_text(_FAKE_SERVER)
     fake.chmod(0o644)

@@ -16,12 +16,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
 
+from attack_support import rules_file
 from execgate.server.sandbox import bwrap_usable
 
 pytestmark = pytest.mark.skipif(bwrap_usable() is not None, reason=f"bwrap unusable: {bwrap_usable()}")
@@ -49,35 +49,10 @@ execution = "unsandboxed"
 """
 
 
-@pytest.fixture
-def outside():
-    """A root-owned directory outside every session root (mode 0755) for rules files and victims."""
-    path = Path(tempfile.mkdtemp(prefix="eg-out-", dir="/var/tmp"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-def host_marker():
-    """A file in the host's /tmp, readable by all: neither the session nor an escalation sees it."""
-    token = f"host-tmp-{uuid.uuid4().hex}"
-    path = Path(f"/tmp/eg-marker-{uuid.uuid4().hex[:8]}")
-    path.write_text(token + "\n")
-    path.chmod(0o644)
-    try:
-        yield path, token
-    finally:
-        path.unlink(missing_ok=True)
 
 
-def _rules(directory: Path, text: str) -> Path:
-    path = directory / "rules.toml"
-    path.write_text(text)
-    path.chmod(0o644)
-    return path
 
 
 def _run(attacker, script: str, *extra: str, timeout: float = 90):
@@ -93,9 +68,9 @@ def _tmp_dir(stderr: str) -> Path:
     return Path(found.group(1))
 
 
-def test_escalation_from_the_private_tmp_sees_the_sessions_tmp(attacker, outside, host_marker):
-    rules = _rules(outside, ESCALATE_DASH)
-    marker, token = host_marker
+def test_escalation_from_the_private_tmp_sees_the_sessions_tmp(attacker, outside, host_tmp_file):
+    rules = rules_file(outside, ESCALATE_DASH)
+    marker, token = host_tmp_file
     script = f"""
 cd "$(mktemp -d)" || exit 9
 dash -c 'echo escalated-wrote > made; ls /tmp >/dev/null; cat {marker} 2>/dev/null; echo "escalated-marker=$?"'
@@ -111,7 +86,7 @@ cat {marker} 2>/dev/null; echo "shell-marker=$?"
     assert not _tmp_dir(done.stderr).exists()  # removed at exit
 
 
-def test_git_clone_in_the_private_tmp_under_the_shipped_rules(attacker):
+def test_git_clone_in_the_private_tmp_under_the_shippedrules_file(attacker):
     if shutil.which("git", path="/usr/bin:/bin") is None:
         pytest.skip("git is not installed in a system directory")
     script = """
@@ -126,7 +101,7 @@ git -C copy log --format=%s
 
 
 def test_unsandboxed_escalation_from_the_private_tmp_is_refused(attacker, outside):
-    rules = _rules(outside, ESCALATE_DASH_UNSANDBOXED)
+    rules = rules_file(outside, ESCALATE_DASH_UNSANDBOXED)
     script = ('cd "$(mktemp -d)" && dash -c "echo escalated-ok"; echo "status=$?"; '
               'cd ~- && dash -c "echo from-root-ok"')
     done = _run(attacker, script, "--rules", str(rules))
@@ -170,7 +145,7 @@ if answer.get("action") == "Escalate":
 
 
 def test_a_forged_request_cannot_choose_the_tmp_directory(attacker, outside):
-    rules = _rules(outside, ESCALATE_DASH)
+    rules = rules_file(outside, ESCALATE_DASH)
     victim = outside / "victim"
     victim.mkdir(mode=0o755)
     token = f"victim-{uuid.uuid4().hex}"
@@ -198,7 +173,7 @@ def test_a_renamed_parent_cannot_move_an_escalations_mounts(attacker, outside):
     (work / "MARK").write_text("from the workdir\n")
     for path in (work, work / "MARK"):
         os.chown(path, attacker.uid, attacker.gid)
-    rules = _rules(outside, ESCALATE_DASH)
+    rules = rules_file(outside, ESCALATE_DASH)
     script = (f"mv {base} /tmp/moved-away 2>/dev/null; echo mv=$?; "
               f"mkdir -p {base} 2>/dev/null; ln -s ../../usr/share {work} 2>/dev/null; echo ln=$?; "
               "dash -c 'test -e /usr/share/MARK && echo shadowed; test -d /usr/share/doc && echo doc-visible'")
@@ -234,7 +209,7 @@ def test_a_root_nested_in_the_working_directory_is_not_bound_again(attacker, out
         os.chown(path, attacker.uid, attacker.gid)
     (base / "hostsecret").chmod(0o700)
     os.chown(base / "hostsecret", attacker.uid, attacker.gid)
-    rules = _rules(outside, ESCALATE_DASH)
+    rules = rules_file(outside, ESCALATE_DASH)
     script = (f"mkdir -p {base}/hostsecret/home; mv .x .x.old; ln -s ../hostsecret .x; "
               f"dash -c 'cat {work}/.x/home/secret.txt; echo W > {work}/.x/home/pwned'; echo done")
     done = attacker.execgate("run", "-q", "--sandbox", "bwrap", "--rules", str(rules), "--cwd", str(work),
@@ -249,7 +224,7 @@ def test_an_escalation_cannot_move_the_sessions_socket_directory(attacker, outsi
     """Review round 4: in an escalation's view of the session's /tmp directory, the session's
     fallback-socket directory was a plain directory: an escalated command renamed it away and the
     session bound a socket of its own at EXECGATE_SOCKET_PATH. Escalations bind it read-only too."""
-    rules = _rules(outside, ESCALATE_DASH)
+    rules = rules_file(outside, ESCALATE_DASH)
     script = ('S=$(dirname "$EXECGATE_SOCKET_PATH"); dash -c "mv $S /tmp/gone-away"; echo mv=$?; '
               'mkdir -p "$S" 2>/dev/null; /usr/bin/python3 -c "import os, socket; '
               's = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); s.bind(os.environ[\'EXECGATE_SOCKET_PATH\'])" '
