@@ -55,8 +55,21 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(argv).parse_args(argv)
+    parser = build_parser(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse would report these with the top-level usage; name the sub-command's
+        _innermost(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     return int(args.func(args) or 0)
+
+
+def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub-)sub-command parser that ``args`` were parsed by (``execgate policy serve``'s)."""
+    while True:
+        actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, actions[0].dest, None) if actions else None
+        if chosen is None or chosen not in actions[0].choices:
+            return parser
+        parser = actions[0].choices[chosen]
 
 
 if __name__ == "__main__":

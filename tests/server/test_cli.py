@@ -36,3 +36,14 @@ def test_run_does_not_load_the_policy_cli():
              "print('execgate.policy_service.cli' in sys.modules, 'importlib.metadata' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.split() == ["False", "False"]
+
+
+def test_an_unknown_option_prints_the_subcommands_usage():
+    """Issue #12 item 7: an argument error names the sub-command's own usage, not the top level's."""
+    for argv, usage in ((["run", "--bogus", "true"], "usage: execgate run "),
+                        (["policy", "serve", "--listen", "unix:///nowhere.sock", "--bogus"],
+                         "usage: execgate policy serve "),
+                        (["approve", "--policy", "unix:///nowhere.sock", "--bogus"], "usage: execgate approve ")):
+        done = _execgate(*argv)
+        assert done.returncode == 2 and done.stderr.startswith(usage), (argv, done.stderr)
+        assert "unrecognized arguments: --bogus" in done.stderr, done.stderr
