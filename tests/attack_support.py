@@ -189,3 +189,16 @@ def rules_file(directory: Path, text: str) -> Path:
     path.write_text(text)
     path.chmod(0o644)
     return path
+
+
+#: A rules file escalating ``dash`` into a sandbox profile (network on): every ``dash -c`` a test
+#: runs in a session is then an escalated bwrap that the policy service prepared.
+ESCALATE_DASH = """
+default = "run"
+
+[[rule]]
+id = "dash-escalated"
+program = "dash"
+decision = "escalate"
+execution = { network = true }
+"""

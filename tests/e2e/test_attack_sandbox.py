@@ -27,22 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from attack_support import rules_file
+from attack_support import ESCALATE_DASH, rules_file
 from execgate.server.sandbox import bwrap_usable, own_package_dirs
 
 pytestmark = pytest.mark.skipif(bwrap_usable() is not None, reason=f"bwrap unusable: {bwrap_usable()}")
-
-#: Escalates ``dash`` into a sandbox profile (network on): every ``dash -c`` below runs in an
-#: escalated bwrap that the policy service prepared.
-ESCALATE_DASH = """
-default = "run"
-
-[[rule]]
-id = "dash-escalated"
-program = "dash"
-decision = "escalate"
-execution = { network = true }
-"""
 
 #: Run by root or the user inside a sandbox: capabilities, and the classic ways out.
 BREAKOUT = """

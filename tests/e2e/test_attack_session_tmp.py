@@ -21,21 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from attack_support import rules_file
+from attack_support import ESCALATE_DASH, rules_file
 from execgate.server.sandbox import bwrap_usable
 
 pytestmark = pytest.mark.skipif(bwrap_usable() is not None, reason=f"bwrap unusable: {bwrap_usable()}")
-
-#: Escalates ``dash`` into a sandbox profile (network on).
-ESCALATE_DASH = """
-default = "run"
-
-[[rule]]
-id = "dash-escalated"
-program = "dash"
-decision = "escalate"
-execution = { network = true }
-"""
 
 #: Escalates ``dash`` unsandboxed: it would run on the host.
 ESCALATE_DASH_UNSANDBOXED = """
