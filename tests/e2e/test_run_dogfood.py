@@ -30,6 +30,10 @@ SUBSET = [
     "tests/server/test_fdpass_framing.py",
 ]
 
+# Four test files under strace -f and a gated session: ~60 s on an idle machine, but CI saw 110 s
+# pass with the machine loaded (load average 4.4 on 2 cores). A deadline of the harness, no bound
+# of execgate's: the assertions below are unchanged.
+@pytest.mark.timeout(330)
 def test_execgate_tests_pass_under_execgate(short_tmp: Path):
     strace = shutil.which("strace")
     if strace is None:
@@ -42,7 +46,7 @@ def test_execgate_tests_pass_under_execgate(short_tmp: Path):
          "-o", str(trace),
          *CLI, "run", "-q", "--sandbox", "none", "--audit-log", str(log), "--",
          sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SUBSET],
-        cwd=ROOT, capture_output=True, text=True, timeout=110, check=False,
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     summary = done.stdout.strip().splitlines()[-1]
