@@ -110,7 +110,13 @@ async def handle_connection(
     try:
         request, program, target_fd = await _read_request(conn, limits)
         facts = await _learn(learn, program, target_fd, os.path.join(request.workdir, request.file))
-        decision = await _decide(policy, program, request, context, facts)
+        if request.cached_only:  # the shim's query: a cached Run or nothing (protocol module doc)
+            decision = _cached_run(policy, program, request, context, facts)
+            if decision is None:
+                await _send(conn, p.EscalateResponse(p.UNDECIDED_ACTION))
+                return
+        else:
+            decision = await _decide(policy, program, request, context, facts)
         decision = _same_file_outside(decision, program, facts)
         if decision.action == "run":
             if on_run is not None:
@@ -217,6 +223,22 @@ def facts_kw(policy: Policy, facts: ExecFacts | None) -> dict[str, Any]:
     """``{"facts": facts}`` for a policy that opts in (``accepts_facts``, Policy doc) when there
     are facts, else {}."""
     return {"facts": facts} if facts is not None and getattr(policy, "accepts_facts", False) else {}
+
+
+def _cached_run(policy: Policy, program: str, request: p.EscalateRequest, context: SessionContext,
+                facts: ExecFacts | None) -> Decision | None:
+    """The policy's cached Run for this exec (``policy.cached_run``, an optional method: see
+    :class:`~execgate.server.grpc_policy.GrpcPolicy`), or None: no cache, no entry, an entry
+    that is not a Run, no facts identifying the file, or any failure (the wrapper then asks)."""
+    lookup = getattr(policy, "cached_run", None)
+    if lookup is None or facts is None or facts.identity is None:
+        return None
+    try:
+        decision = lookup(program, list(request.argv), request.workdir, context, facts)
+    except Exception:  # a bug here must cost a full decision, never a Run
+        log.exception("session %s: decision cache lookup failed for %s", context.session_id, program)
+        return None
+    return decision if isinstance(decision, Decision) and decision.action == "run" else None
 
 
 async def _decide(policy: Policy, program: str, request: p.EscalateRequest, context: SessionContext,

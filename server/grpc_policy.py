@@ -287,6 +287,20 @@ class GrpcPolicy:
                      decision.rule_id or "default", decision.reason)
         return decision
 
+    def cached_run(self, program: str, argv: Sequence[str], workdir: str, session: SessionContext,
+                   facts: ExecFacts | None) -> Decision | None:
+        """The cached Run for this exec, counted and queued for the audit log as every hit is; None
+        (nothing counted, nothing audited) when the cache is off or unusable (:meth:`_cache_usable`),
+        has no entry, or holds another answer. Never asks the service; never raises. Serves the
+        preload shim's cached-only query (:mod:`execgate.server.protocol`)."""
+        if self.cache is None or not self._cache_usable():
+            return None
+        started = time.monotonic()
+        entry = self.cache.get(session, program, argv, workdir, facts)
+        if entry is None or entry.decision.action != "run":
+            return None
+        return self._answer_cached(entry.decision, session, program, argv, workdir, facts, started)
+
     def _maybe_cache(self, response: pb.DetermineActionResponse, prompted: bool, decision: Decision,
                      session: SessionContext, program: str, argv: Sequence[str], workdir: str,
                      facts: ExecFacts | None) -> None:

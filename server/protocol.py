@@ -35,6 +35,15 @@ execgate extensions (Codex peers ignore unknown fields, so both are backward com
   ENOENT). A target that cannot be opened is sent without fd (the exec fails as it would have).
   A request carrying the field without exactly one fd, or an fd without the field, breaks the
   protocol. Codex peers never set it; a Codex server ignores the field (and the fd).
+* **Cached-only query.** The preload shim asks before it execs anything itself: a request with
+  ``"execgate_cached_only": true`` (:data:`CACHED_ONLY_EXTENSION_FIELD`, after the target-fd
+  field; ``env`` is sent empty) is answered from the server's decision cache alone
+  (docs/DESIGN.md §9): ``{"action":"Run"}`` when a cached Run covers this very file (audited as
+  every cache hit is), else ``{"action":"Undecided"}`` (:data:`UNDECIDED_ACTION`) with nothing
+  decided, prompted or audited. On Run the shim executes the target fd in the calling process
+  (no second exec of the wrapper); on anything else it closes the stream and execs the wrapper,
+  which asks again with a full request. Only execgate's shim sends the field; the Python and
+  native wrappers never do.
 * **Fallback socket path.** Each session also listens on a ``SOCK_STREAM`` Unix socket whose path is
   exported as ``EXECGATE_SOCKET_PATH`` (:data:`SOCKET_PATH_ENV_VAR`); its directory is private
   (mode 0700) and the socket mode 0600. A wrapper whose ``CODEX_ESCALATE_SOCKET`` fd is missing or
@@ -84,6 +93,13 @@ REQUEST_ENV_EXCLUDED = OVERLAY_ENV_VARS
 #: Extra field of a request (execgate extension): ``true`` when exactly one fd rides on the
 #: request frame's first byte, the target the wrapper opened (``O_PATH``) and will execute.
 TARGET_FD_EXTENSION_FIELD = "execgate_target_fd"
+#: execgate extension: a request answered from the decision cache alone (module doc).
+CACHED_ONLY_EXTENSION_FIELD = "execgate_cached_only"
+#: The action of the answer to a cached-only request that the cache does not cover.
+UNDECIDED_ACTION = "Undecided"
+#: Set to "1" in a session's env overlay when its policy keeps a decision cache: the preload
+#: shim then sends a cached-only query before it falls back to the wrapper (module doc).
+CACHED_QUERY_ENV_VAR = "EXECGATE_CACHED_QUERY"
 #: Extra field of an Escalate response: the server accepts ``{"signal": N}`` frames.
 SIGNALS_EXTENSION_FIELD = "execgate_signals"
 #: Signals (by name) a wrapper forwards to the escalated child's process group.
@@ -270,6 +286,7 @@ class EscalateRequest:
         env: the caller's environment minus :data:`OVERLAY_ENV_VARS`.
         target_fd: True when the target's fd rides on the frame (execgate extension, see the
             module doc); the field is written only then, so Codex frames stay byte-exact.
+        cached_only: True for the shim's cached-only query (execgate extension, module doc).
     """
 
     file: str
@@ -277,11 +294,14 @@ class EscalateRequest:
     workdir: str
     env: dict[str, str] = field(default_factory=dict)
     target_fd: bool = False
+    cached_only: bool = False
 
     def to_json(self) -> bytes:
         obj: dict[str, Any] = {"file": self.file, "argv": self.argv, "workdir": self.workdir, "env": self.env}
         if self.target_fd:
             obj[TARGET_FD_EXTENSION_FIELD] = True
+        if self.cached_only:
+            obj[CACHED_ONLY_EXTENSION_FIELD] = True
         return _dumps(obj)
 
     @classmethod
@@ -312,6 +332,7 @@ class EscalateRequest:
             workdir=_canonical(workdir),
             env={_canonical(k): _canonical(v) for k, v in env.items()},
             target_fd=obj.get(TARGET_FD_EXTENSION_FIELD) is True,
+            cached_only=obj.get(CACHED_ONLY_EXTENSION_FIELD) is True,
         )
 
 
@@ -319,7 +340,8 @@ class EscalateRequest:
 class EscalateResponse:
     """Server → wrapper: the decision.
 
-    ``action`` is ``"Run"``, ``"Escalate"`` or ``"Deny"``; ``reason`` only for Deny (may be None).
+    ``action`` is ``"Run"``, ``"Escalate"`` or ``"Deny"`` (or, only to a cached-only request,
+    :data:`UNDECIDED_ACTION`); ``reason`` only for Deny (may be None).
     ``extensions`` are extra top-level fields execgate adds (Codex peers ignore them), e.g.
     ``{"execgate_signals": true}`` on Escalate to say that the wrapper may forward signals.
     """
@@ -341,7 +363,7 @@ class EscalateResponse:
         _expect(isinstance(obj, dict), "response is not a JSON object")
         action = obj.get("action")
         extensions = {k: v for k, v in obj.items() if k != "action"}
-        if action in ("Run", "Escalate"):
+        if action in ("Run", "Escalate", UNDECIDED_ACTION):
             return cls(action=action, extensions=extensions)
         if isinstance(action, dict) and isinstance(action.get("Deny"), dict):
             reason = action["Deny"].get("reason")

@@ -25,7 +25,11 @@
 #define EG_ENV_DEPTH "EXECGATE_DEPTH"             /* gated execs along this process's ancestry */
 #define EG_ENV_MAX_DEPTH "EXECGATE_MAX_DEPTH"     /* limit of EG_ENV_DEPTH (default below) */
 #define EG_ENV_IN_WRAPPER "EXECGATE_IN_WRAPPER"   /* set only for the wrapper process itself */
+#define EG_ENV_CACHED_QUERY "EXECGATE_CACHED_QUERY" /* "1": the shim asks the cache first */
 #define EG_ENV_PREFIX "EXECGATE_"
+
+/* Largest frame payload either side accepts (server/protocol.py MAX_FRAME_BYTES). */
+#define EG_MAX_FRAME_BYTES (1u << 20)
 
 #define EG_DEFAULT_MAX_DEPTH 128L
 /* The shell libc runs for a file with no format the kernel knows (glibc's _PATH_BSHELL). */

@@ -34,6 +34,10 @@
  *    program is never intercepted again (the native wrapper also uses the raw syscall). An exec of
  *    the captured EXEC_WRAPPER itself (a Codex-patched shell) is likewise not wrapped twice; it
  *    gets the forced environment too, so that wrapper asks the session's server.
+ *  - Cache hits are decided here (docs/DESIGN.md §9, server/protocol.py "Cached-only query"):
+ *    with EXECGATE_CACHED_QUERY=1 captured at load, an exec that passes the checks first asks the
+ *    server's decision cache from this process (eg_cached_run) and, on a cached Run, executes
+ *    the target here — no second exec of the wrapper. Anything else falls back to the wrapper.
  *  - EXECGATE_DEPTH counts gated execs along the ancestry; past EXECGATE_MAX_DEPTH the exec is
  *    refused, so a misconfiguration loops into a denial, never a fork bomb.
  *  - The exec path may run in a vfork child (CPython's subprocess): no heap, no stdio, no locks;
@@ -65,11 +69,13 @@
 #include <stdio.h> /* snprintf at load time only */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include "execgate.h"
+#include "request.h"
 
 extern char **environ;
 
@@ -102,6 +108,9 @@ static const char *const eg_forced_names[] = {EG_ENV_SOCKET, EG_ENV_WRAPPER, EG_
 static const char *eg_forced[EG_NFORCED]; /* "NAME=value" as captured at load, or NULL */
 static eg_spawn_fn eg_real_posix_spawn;
 static char eg_in_wrapper_entry[] = EG_ENV_IN_WRAPPER "=1";
+static int eg_cached_query;            /* EXECGATE_CACHED_QUERY=1 at load: ask the cache first */
+static long eg_sock_fd = -1;           /* CODEX_ESCALATE_SOCKET as captured */
+static const char *eg_sock_id;         /* EXECGATE_SOCKET_ID's value as captured, or NULL */
 
 /* ---- load-time capture (not on the exec path: may use libc freely) ------------------------- */
 
@@ -309,6 +318,16 @@ static void eg_init(void)
     for (int k = 0; k < EG_NFORCED; k++)
         if (strcmp(eg_forced_names[k], EG_ENV_SOCKET_ID) == 0)
             eg_capture_socket_id(k);
+    for (int k = 0; k < EG_NFORCED; k++) {
+        if (eg_forced[k] == NULL)
+            continue;
+        if (strcmp(eg_forced_names[k], EG_ENV_SOCKET) == 0)
+            eg_sock_fd = eg_parse_ulong(strchr(eg_forced[k], '=') + 1);
+        else if (strcmp(eg_forced_names[k], EG_ENV_SOCKET_ID) == 0)
+            eg_sock_id = strchr(eg_forced[k], '=') + 1;
+    }
+    w = getenv(EG_ENV_CACHED_QUERY);
+    eg_cached_query = w != NULL && strcmp(w, "1") == 0;
     eg_real_posix_spawn = (eg_spawn_fn)dlsym(RTLD_NEXT, "posix_spawn");
     eg_ready = 1;
 }
@@ -426,9 +445,14 @@ static int eg_is_wrapper(const char *path)
     return eg_same_as_wrapper(path);
 }
 
+/* eg_precheck's kinds of file (*KIND). */
+#define EG_KIND_OTHER 0   /* ELF, or a file only the kernel can judge (execute-only, binfmt_misc) */
+#define EG_KIND_NOFORMAT 1 /* passes every check but has no format the kernel knows: ENOEXEC */
+#define EG_KIND_HASHBANG 2 /* a "#!" script */
+
 /*
- * Would the kernel start PATH? Returns 0 or the errno execve(2) would give. *SCRIPT is set when
- * the file passes every check but has no format the kernel knows (execve would fail ENOEXEC).
+ * Would the kernel start PATH? Returns 0 or the errno execve(2) would give; *SCRIPT is one of
+ * the EG_KIND_* above (EG_KIND_NOFORMAT only with the ENOEXEC return).
  */
 static int eg_precheck(const char *path, int *script)
 {
@@ -436,7 +460,7 @@ static int eg_precheck(const char *path, int *script)
     char buf[256];
     ssize_t n;
     int fd;
-    *script = 0;
+    *script = EG_KIND_OTHER;
     if (path[0] == '\0')
         return ENOENT;
     if (stat(path, &st) != 0)
@@ -464,6 +488,7 @@ static int eg_precheck(const char *path, int *script)
         *end = '\0';
         if (*p != '\0' && access(p, F_OK) != 0 && errno == ENOENT)
             return ENOENT;
+        *script = EG_KIND_HASHBANG;
         return 0;
     }
     /* Looked up here, on the rare exec of a file with no known format, not in the constructor:
@@ -476,7 +501,7 @@ static int eg_precheck(const char *path, int *script)
     }
     if (binfmt)
         return 0;
-    *script = 1;
+    *script = EG_KIND_NOFORMAT;
     return ENOEXEC;
 }
 
@@ -519,6 +544,163 @@ static int eg_exec_wrapper(const char *file, char *const argv[], char *const env
     return EG_STOP;
 }
 
+/* ---- the cached-only query (server/protocol.py, "Cached-only query"; DESIGN.md §9) ---------- */
+
+/* A request frame being counted (FD < 0) or sent on stream FD in pieces of sizeof BUF, the
+ * first piece carrying ATTACH (SCM_RIGHTS) when it is >= 0. */
+struct eg_frame_out {
+    int fd, attach, failed;
+    size_t total, len;
+    char buf[4096];
+};
+
+static void eg_frame_flush(struct eg_frame_out *o)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    size_t off = 0;
+    while (!o->failed && off < o->len) {
+        struct iovec iov = {o->buf + off, o->len - off};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+        if (o->attach >= 0) {
+            memset(&ctl, 0, sizeof ctl);
+            msg.msg_control = ctl.buf;
+            msg.msg_controllen = sizeof ctl.buf;
+            struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+            c->cmsg_level = SOL_SOCKET;
+            c->cmsg_type = SCM_RIGHTS;
+            c->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(c), &o->attach, sizeof(int));
+        }
+        ssize_t w = sendmsg(o->fd, &msg, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            o->failed = 1;
+            break;
+        }
+        o->attach = -1;
+        off += (size_t)w;
+    }
+    o->len = 0;
+}
+
+static void eg_frame_put(void *ctx, const char *s, size_t n)
+{
+    struct eg_frame_out *o = ctx;
+    o->total += n;
+    while (o->fd >= 0 && !o->failed && n > 0) {
+        size_t k = sizeof o->buf - o->len < n ? sizeof o->buf - o->len : n;
+        memcpy(o->buf + o->len, s, k);
+        o->len += k, s += k, n -= k;
+        if (o->len == sizeof o->buf)
+            eg_frame_flush(o);
+    }
+}
+
+/* Read exactly N bytes from stream FD (closing any fd that rides along); 0, or -1. */
+static int eg_read_exact(int fd, char *p, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        union {
+            char buf[CMSG_SPACE(sizeof(int) * 4)];
+            struct cmsghdr align;
+        } ctl;
+        struct iovec iov = {p + got, n - got};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                             .msg_controllen = sizeof ctl.buf};
+        ssize_t r = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+        if (r < 0 && errno == EINTR)
+            continue;
+        for (struct cmsghdr *c = r > 0 ? CMSG_FIRSTHDR(&msg) : NULL; c != NULL; c = CMSG_NXTHDR(&msg, c))
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+                for (size_t k = 0; k < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); k++)
+                    close(((int *)CMSG_DATA(c))[k]);
+        if (r <= 0)
+            return -1;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/* Ask the server's cache about PATH (TARGET: PATH opened O_PATH, sent with the request). 1 when
+ * the answer is exactly Run; 0 for anything else (Undecided, a broken or closed stream, no
+ * session socket), with nothing left open. */
+static int eg_query_cache(const char *path, char *const argv[], int target)
+{
+    static const char run[] = "{\"action\":\"Run\"}";
+    char cwd[PATH_MAX], reply[sizeof run];
+    unsigned char head[4];
+    struct eg_frame_out count = {.fd = -1, .attach = -1};
+    if (eg_sock_fd < 0 || !eg_socket_fd_valid((int)eg_sock_fd, eg_sock_id) ||
+        getcwd(cwd, sizeof cwd) == NULL)
+        return 0;
+    eg_request_json(eg_frame_put, &count, path, argv, cwd, NULL, 1, 1);
+    if (count.total > EG_MAX_FRAME_BYTES)
+        return 0;
+    int stream = eg_handshake((int)eg_sock_fd);
+    if (stream < 0)
+        return 0;
+    struct eg_frame_out out = {.fd = stream, .attach = target};
+    for (int i = 0; i < 4; i++)
+        head[i] = (unsigned char)(count.total >> (8 * i));
+    eg_frame_put(&out, (const char *)head, 4);
+    eg_request_json(eg_frame_put, &out, path, argv, cwd, NULL, 1, 1);
+    eg_frame_flush(&out);
+    int ok = !out.failed && eg_read_exact(stream, (char *)head, 4) == 0 &&
+             ((uint32_t)head[0] | (uint32_t)head[1] << 8 | (uint32_t)head[2] << 16 |
+              (uint32_t)head[3] << 24) == sizeof run - 1 &&
+             eg_read_exact(stream, reply, sizeof run - 1) == 0 &&
+             memcmp(reply, run, sizeof run - 1) == 0;
+    close(stream);
+    return ok;
+}
+
+/*
+ * The shim decides in the calling process when the server's decision cache covers this exec
+ * (docs/DESIGN.md §9): a cached-only query, and on Run the program is executed here — no second
+ * exec of the wrapper. As the wrapper does (wrapper.c run_in_place): the very file the server
+ * identified, execveat(fd, "", AT_EMPTY_PATH) by the raw syscall, or for a "#!" script (HASHBANG)
+ * by path after checking that the path still names that file. Returns 0 when the cache did not
+ * answer Run (the caller execs the wrapper, which asks with a full request), -1 (errno set) when
+ * the approved exec failed, as execve would.
+ */
+static int eg_cached_run(const char *path, char *const argv[], char *const envp[], int hashbang)
+{
+    size_t envc = eg_count(envp), pcap = eg_preload_cap(envp);
+    char *nenv[envc + EG_SAVED_MAX + EG_NFORCED + 4];
+    char pbuf[pcap];
+    struct stat a, b;
+    int err, target = open(path, O_PATH | O_CLOEXEC);
+    if (target < 0)
+        return 0;
+    if (!eg_query_cache(path, argv, target)) {
+        close(target);
+        return 0;
+    }
+    eg_env_build(nenv, envp, pbuf, pcap, 0);
+    if (!hashbang)
+        syscall(SYS_execveat, target, "", argv, nenv, AT_EMPTY_PATH);
+    /* A script (also one that was not a script at the check): the kernel would hand its
+     * interpreter /dev/fd/N of a close-on-exec fd (execveat(2), ENOENT). By path, if the same. */
+    if (hashbang || errno == ENOENT) {
+        if (fstat(target, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev &&
+            a.st_ino == b.st_ino) {
+            eg_raw_execve(path, argv, nenv);
+        } else {
+            eg_complain("refusing to exec a file other than the one approved: ", path, ESTALE);
+            errno = EACCES;
+        }
+    }
+    err = errno;
+    close(target);
+    errno = err;
+    return -1;
+}
+
 /* Exec the wrapper itself (a Codex-patched shell honouring EXEC_WRAPPER): not wrapped twice. */
 static int eg_exec_wrapper_direct(const char *path, char *const argv[], char *const envp[])
 {
@@ -556,11 +738,16 @@ static int eg_try(const char *path, char *const argv[], char *const envp[], int 
     if (eg_is_wrapper(path))
         return eg_exec_wrapper_direct(path, argv, envp);
     err = eg_precheck(path, &script);
-    if (script && exec_script)
+    if (script == EG_KIND_NOFORMAT && exec_script)
         return eg_exec_wrapper(path, argv, envp, 1);
     if (err != 0) {
         errno = err;
         return -1;
+    }
+    if (eg_cached_query && eg_depth < eg_max_depth) {
+        int ran = eg_cached_run(path, argv, envp, script == EG_KIND_HASHBANG);
+        if (ran != 0)
+            return ran;
     }
     return eg_exec_wrapper(path, argv, envp, 0);
 }

@@ -47,8 +47,9 @@
 #include <unistd.h>
 
 #include "execgate.h"
+#include "request.h"
 
-#define MAX_FRAME_BYTES (1u << 20) /* server/protocol.py MAX_FRAME_BYTES */
+#define MAX_FRAME_BYTES EG_MAX_FRAME_BYTES
 #define MAX_FDS_RECEIVED 16
 #define EXIT_FAILURE_GATE 126
 #define EXIT_DENIED 1
@@ -92,112 +93,18 @@ static void buf_put(struct buf *b, const void *s, size_t n)
     b->p[b->len] = '\0';
 }
 
-static void buf_puts(struct buf *b, const char *s)
+/* ---- JSON encoding: request.h, into a growable buffer ------------------------------------- */
+
+static void buf_sink(void *ctx, const char *s, size_t n)
 {
-    buf_put(b, s, strlen(s));
+    buf_put((struct buf *)ctx, s, n);
 }
 
-/* ---- JSON encoding -------------------------------------------------------------------------- */
-
-/* Length of the valid UTF-8 sequence at S (N bytes left), or 0 (RFC 3629, no surrogates). */
-static size_t utf8_len(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0];
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF)
-        return (n >= 2 && (s[1] & 0xC0) == 0x80) ? 2 : 0;
-    if (c >= 0xE0 && c <= 0xEF) {
-        unsigned char lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-        return (n >= 3 && s[1] >= lo && s[1] <= hi && (s[2] & 0xC0) == 0x80) ? 3 : 0;
-    }
-    if (c >= 0xF0 && c <= 0xF4) {
-        unsigned char lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-        return (n >= 4 && s[1] >= lo && s[1] <= hi && (s[2] & 0xC0) == 0x80 &&
-                (s[3] & 0xC0) == 0x80)
-                   ? 4
-                   : 0;
-    }
-    return 0;
-}
-
-/* Append S (N bytes) as a JSON string; see the header comment for bytes that are not UTF-8. */
-static void json_string(struct buf *b, const char *str, size_t n)
-{
-    static const char hex[] = "0123456789abcdef";
-    const unsigned char *s = (const unsigned char *)str;
-    char esc[8];
-    buf_put(b, "\"", 1);
-    for (size_t i = 0; i < n;) {
-        unsigned char c = s[i];
-        size_t k;
-        if (c == '"' || c == '\\') {
-            esc[0] = '\\', esc[1] = (char)c;
-            buf_put(b, esc, 2);
-            i++;
-        } else if (c < 0x20) {
-            const char *named = c == '\n' ? "\\n" : c == '\r' ? "\\r" : c == '\t' ? "\\t"
-                              : c == '\b' ? "\\b" : c == '\f' ? "\\f" : NULL;
-            if (named) {
-                buf_puts(b, named);
-            } else {
-                memcpy(esc, "\\u00", 4);
-                esc[4] = hex[c >> 4], esc[5] = hex[c & 15];
-                buf_put(b, esc, 6);
-            }
-            i++;
-        } else if ((k = utf8_len(s + i, n - i)) > 0) {
-            buf_put(b, s + i, k);
-            i += k;
-        } else {
-            memcpy(esc, "\\udc", 4);
-            esc[4] = hex[c >> 4], esc[5] = hex[c & 15];
-            buf_put(b, esc, 6);
-            i++;
-        }
-    }
-    buf_put(b, "\"", 1);
-}
-
-static int is_overlay(const char *entry)
-{
-    return eg_env_is(entry, EG_ENV_SOCKET) || eg_env_is(entry, EG_ENV_WRAPPER);
-}
-
-/* {"file":F,"argv":[...],"workdir":W,"env":{...}} in the field order of the Codex request, then
- * "execgate_target_fd":true when the target's fd rides on the frame (WITH_FD). */
+/* The request (request.h eg_request_json) for FILE, with this process's environment. */
 static void build_request(struct buf *b, const char *file, char *const argv[], const char *cwd,
                           int with_fd)
 {
-    buf_puts(b, "{\"file\":");
-    json_string(b, file, strlen(file));
-    buf_puts(b, ",\"argv\":[");
-    for (size_t i = 0; argv[i] != NULL; i++) {
-        if (i)
-            buf_put(b, ",", 1);
-        json_string(b, argv[i], strlen(argv[i]));
-    }
-    buf_puts(b, "],\"workdir\":");
-    json_string(b, cwd, strlen(cwd));
-    buf_puts(b, ",\"env\":{");
-    int first = 1;
-    for (size_t i = 0; environ != NULL && environ[i] != NULL; i++) {
-        const char *e = environ[i], *eq = strchr(e, '=');
-        int dup = 0;
-        if (eq == NULL || eq == e || is_overlay(e))
-            continue;
-        for (size_t j = 0; j < i && !dup; j++)
-            dup = strncmp(environ[j], e, (size_t)(eq - e + 1)) == 0;
-        if (dup)
-            continue;
-        if (!first)
-            buf_put(b, ",", 1);
-        first = 0;
-        json_string(b, e, (size_t)(eq - e));
-        buf_put(b, ":", 1);
-        json_string(b, eq + 1, strlen(eq + 1));
-    }
-    buf_puts(b, with_fd ? "},\"execgate_target_fd\":true}" : "}}");
+    eg_request_json(buf_sink, b, file, argv, cwd, environ, with_fd, 0);
 }
 
 /* ---- JSON decoding: a small strict parser; unknown fields are kept and ignored ------------- */
@@ -567,40 +474,6 @@ static struct jv *recv_json(int fd, const char *waiting_for)
 
 /* ---- connecting ----------------------------------------------------------------------------- */
 
-/* Handshake on the inherited datagram socket; returns our stream end or -1 (errno set). */
-static int handshake(int dgram)
-{
-    int sv[2];
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } ctl;
-    char byte = 0;
-    struct iovec iov = {&byte, 1};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
-                         .msg_controllen = sizeof ctl.buf};
-    ssize_t w;
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
-        return -1;
-    memset(&ctl, 0, sizeof ctl);
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &sv[1], sizeof(int));
-    do
-        w = sendmsg(dgram, &msg, MSG_NOSIGNAL);
-    while (w < 0 && errno == EINTR);
-    int err = errno;
-    close(sv[1]);
-    if (w != 1) {
-        close(sv[0]);
-        errno = w < 0 ? err : EIO;
-        return -1;
-    }
-    return sv[0];
-}
-
 static int connect_path(const char *path)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
@@ -631,7 +504,7 @@ static int connect_server(void)
     long fd = eg_parse_ulong(sock);
     char why[160] = "";
     if (fd >= 0 && eg_socket_fd_valid((int)fd, getenv(EG_ENV_SOCKET_ID))) {
-        int s = handshake((int)fd);
+        int s = eg_handshake((int)fd);
         if (s >= 0)
             return s;
         snprintf(why, sizeof why, "handshake on fd %ld failed: %s", fd, strerror(errno));

@@ -1,0 +1,66 @@
+"""A hostile session's use of the preload shim's cached-only query (run by
+tests/e2e/test_attack_cached_query.py inside ``execgate run``; standard library only).
+
+It speaks the escalation protocol itself on the session's inherited socket
+(``CODEX_ESCALATE_SOCKET``): handshake datagram ``b"\\0"`` with a fresh stream end, then a request
+frame marked ``"execgate_cached_only": true`` with the target opened ``O_PATH`` attached, as the
+shim does, and prints the answer's action on one line: ``ANSWER <file> <action>``.
+
+Usage:
+    python3 cached_query.py query FILE ARGV0 [ARGV1 ...]
+    python3 cached_query.py query-exec FILE ARGV0 [ARGV1 ...] -- OTHER
+        (query FILE; on Run, execve OTHER with the approved argv instead, by the raw system
+        call, past the shim; prints ``EXEC <errno name>`` if that fails)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import socket
+import struct
+import sys
+
+SYS_EXECVE = 59  # x86_64
+
+
+def query(file: str, argv: list[str]) -> tuple[str, int]:
+    """The action the server answers a cached-only query for FILE; and the O_PATH fd sent."""
+    dgram = socket.socket(fileno=os.dup(int(os.environ["CODEX_ESCALATE_SOCKET"])))
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    dgram.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", theirs.fileno()))])
+    theirs.close()
+    target = os.open(file, os.O_PATH | os.O_CLOEXEC)
+    body = json.dumps({"file": file, "argv": argv, "workdir": os.getcwd(), "env": {},
+                       "execgate_target_fd": True, "execgate_cached_only": True}).encode()
+    frame = struct.pack("<I", len(body)) + body
+    mine.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", target))])
+    head = mine.recv(4, socket.MSG_WAITALL)
+    (size,) = struct.unpack("<I", head)
+    answer = json.loads(mine.recv(size, socket.MSG_WAITALL))
+    mine.close()
+    action = answer["action"]
+    return (action if isinstance(action, str) else next(iter(action))), target
+
+
+def main() -> int:
+    mode, rest = sys.argv[1], sys.argv[2:]
+    other = None
+    if mode == "query-exec":
+        cut = rest.index("--")
+        rest, other = rest[:cut], rest[cut + 1]
+    action, _target = query(rest[0], rest[1:])
+    print(f"ANSWER {rest[0]} {action}", flush=True)
+    if other is not None and action == "Run":
+        libc = ctypes.CDLL(None, use_errno=True)
+        argv = (ctypes.c_char_p * (len(rest)))(*[a.encode() for a in rest[1:]], None)
+        envp = (ctypes.c_char_p * 1)(None)
+        libc.syscall(SYS_EXECVE, other.encode(), argv, envp)
+        print(f"EXEC {errno.errorcode.get(ctypes.get_errno(), '?')}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
