@@ -16,7 +16,9 @@ each notification on the event loop (``loop.add_reader``):
   ``SO_PEERCRED`` pid) continues without a second decision, if the program and argv are exactly
   those approved: the very file the server identified (device and inode; the wrapper's
   ``execveat(fd, "", …, AT_EMPTY_PATH)`` of its target fd is seen as ``/proc/PID/fd/N``, whose
-  stat is that file), else the same path or the file at it;
+  stat is that file), else the same path or the file at it; likewise the shim's cached Run of a
+  ``posix_spawn`` (``expect(..., child=True)``): one exec of exactly that file and argv by a child
+  of the requesting process;
 * any other exec is decided by the policy: Run → ``CONTINUE``; Deny → ``EACCES`` and
   ``Execution denied: <reason>`` on the caller's stderr; Escalate → cannot be done in place: also
   ``EACCES``, with a reason saying to run it through the session's shell.
@@ -70,6 +72,7 @@ class _Exec:
 
     tid: int
     tgid: int
+    ppid: int  # the thread group's parent
     program: str  # absolute, lexically normalised: the name the policy judges
     argv: list[bytes]
     workdir: str
@@ -115,6 +118,8 @@ class Backstop:
         self._listener = -1
         self._shell: str | None = None
         self._expected: dict[int, _Expected] = {}
+        #: Approved execs of a child: (parent tgid, (st_dev, st_ino), argv) → how many (posix_spawn).
+        self._expected_children: dict[tuple[int, tuple[int, int], tuple[bytes, ...]], int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -130,7 +135,8 @@ class Backstop:
             os.close(self.client_fd)
             self.client_fd = -1
 
-    def expect(self, pid: int, program: str, argv: Sequence[str], ident: tuple[int, int] | None = None) -> None:
+    def expect(self, pid: int, program: str, argv: Sequence[str], ident: tuple[int, int] | None = None,
+               *, child: bool = False) -> None:
         """Record that process ``pid`` (server's pid namespace) was told Run for ``program`` (absolute)
         with ``argv`` (wire strings): its next exec, if exactly that, continues undecided.
 
@@ -139,7 +145,17 @@ class Backstop:
                 wrapper's target fd, :mod:`execgate.server.identity`), or None. When given, the
                 exec must be of that very file, however it is named: the wrapper's
                 ``execveat(fd, "", …, AT_EMPTY_PATH)`` is seen as ``/proc/PID/fd/N``.
+            child: the Run is for an exec by a child of ``pid`` (the shim's ``posix_spawn``,
+                server/protocol.py "Cached-only query"): one exec of exactly that file (``ident``
+                required) and argv by a process whose parent is ``pid`` continues undecided.
         """
+        if child:
+            if ident is not None:
+                key = (pid, ident, tuple(p.wire_bytes(a) for a in argv))
+                if len(self._expected_children) >= MAX_EXPECTED and key not in self._expected_children:
+                    self._expected_children.pop(next(iter(self._expected_children)))
+                self._expected_children[key] = self._expected_children.get(key, 0) + 1
+            return
         if len(self._expected) >= MAX_EXPECTED:
             self._expected.pop(next(iter(self._expected)))  # the oldest: its wrapper never exec'd
         self._expected[pid] = _Expected(program, tuple(p.wire_bytes(a) for a in argv), ident)
@@ -281,7 +297,7 @@ class Backstop:
                     os.close(fd)
                     return None
                 argv = sn.read_argv(mem, a[1], ptr, max_count=MAX_ARGS, max_bytes=self.max_bytes)
-                tgid = _tgid(proc)
+                tgid, ppid = _ids(proc)
                 if not sn.id_valid(self._listener, notif.id):
                     raise sn.NotificationGone
             except BaseException:
@@ -289,7 +305,7 @@ class Backstop:
                 raise
         finally:
             os.close(mem)
-        return _Exec(notif.pid, tgid, program, argv, workdir, ident, fd)
+        return _Exec(notif.pid, tgid, ppid, program, argv, workdir, ident, fd)
 
     def _undecided(self, tid: int, exe: _Exec) -> bool:
         """True for the execs that continue without a decision (see the module docstring)."""
@@ -300,6 +316,15 @@ class Backstop:
                 return True
         if exe.ident == self._wrapper_id:
             return True
+        if expected is None and self._expected_children:  # an approved posix_spawn of the parent's
+            key = (exe.ppid, exe.ident, tuple(exe.argv))
+            left = self._expected_children.get(key, 0)
+            if left:
+                if left == 1:
+                    del self._expected_children[key]
+                else:
+                    self._expected_children[key] = left - 1
+                return True
         if expected is None or tuple(exe.argv) != expected.argv:
             return False
         # Only the very file the server identified, by any name; a request it could not identify
@@ -388,12 +413,20 @@ def _signed32(value: int) -> int:
     return value - (1 << 32) if value >= 1 << 31 else value
 
 
-def _tgid(proc: str) -> int:
+def _ids(proc: str) -> tuple[int, int]:
+    """``(Tgid, PPid)`` of ``proc`` (/proc/PID/status, proc(5))."""
+    tgid = None
     with open(f"{proc}/status", "rb") as f:
         for line in f:
             if line.startswith(b"Tgid:"):
-                return int(line.split()[1])
-    raise OSError(errno.ESRCH, "no Tgid")
+                tgid = int(line.split()[1])
+            elif line.startswith(b"PPid:") and tgid is not None:
+                return tgid, int(line.split()[1])
+    raise OSError(errno.ESRCH, "no Tgid or PPid")
+
+
+def _tgid(proc: str) -> int:
+    return _ids(proc)[0]
 
 
 def _locate(tid: int, path: str, dirfd: int, flags: int) -> tuple[str, int]:

@@ -80,7 +80,7 @@ async def handle_connection(
     context: SessionContext,
     limits: Limits,
     on_spawn: Callable[[ChildProcess], None],
-    on_run: Callable[[str, list[str], tuple[int, int] | None], None] | None = None,
+    on_run: Callable[..., None] | None = None,
     learn: Callable[[str, int | None, str], Awaitable[ExecFacts]] | None = None,
     on_note: Callable[[str], None] | None = None,
     placement: Placement | None = None,
@@ -92,7 +92,9 @@ async def handle_connection(
             kill its process group when the session closes.
         on_run: called with the program (absolute), argv and the identified file's
             ``(st_dev, st_ino)`` (or None) just before a Run answer is sent (the seccomp backstop
-            lets the wrapper's exec of exactly that through undecided).
+            lets the wrapper's exec of exactly that through undecided); with a fourth argument
+            True when the Run is for the caller's child (a cached-only query for a
+            ``posix_spawn``, :data:`~execgate.server.protocol.CACHED_FOR_CHILD_EXTENSION_FIELD`).
         learn: given the program (absolute, lexically normalised), the wrapper's target fd
             (owned: ``learn`` closes it; None without one) and the path as the kernel resolves it
             (``file`` joined to ``workdir``, not normalised), what the server learns of the file
@@ -119,7 +121,9 @@ async def handle_connection(
             decision = await _decide(policy, program, request, context, facts)
         decision = _same_file_outside(decision, program, facts)
         if decision.action == "run":
-            if on_run is not None:
+            if on_run is not None and request.cached_for_child:
+                on_run(program, list(request.argv), _dev_ino(facts), True)
+            elif on_run is not None:
                 on_run(program, list(request.argv), _dev_ino(facts))
             if decision.note and on_note is not None:
                 on_note(decision.note)

@@ -43,7 +43,10 @@ execgate extensions (Codex peers ignore unknown fields, so both are backward com
   decided, prompted or audited. On Run the shim executes the target fd in the calling process
   (no second exec of the wrapper); on anything else it closes the stream and execs the wrapper,
   which asks again with a full request. Only execgate's shim sends the field; the Python and
-  native wrappers never do.
+  native wrappers never do. For a ``posix_spawn`` the shim adds
+  ``"execgate_cached_for_child": true`` (:data:`CACHED_FOR_CHILD_EXTENSION_FIELD`): the exec
+  will be made by the child it spawns (by path), and the seccomp backstop lets one exec of that
+  file and argv by a child of the caller through undecided.
 * **Fallback socket path.** Each session also listens on a ``SOCK_STREAM`` Unix socket whose path is
   exported as ``EXECGATE_SOCKET_PATH`` (:data:`SOCKET_PATH_ENV_VAR`); its directory is private
   (mode 0700) and the socket mode 0600. A wrapper whose ``CODEX_ESCALATE_SOCKET`` fd is missing or
@@ -95,6 +98,9 @@ REQUEST_ENV_EXCLUDED = OVERLAY_ENV_VARS
 TARGET_FD_EXTENSION_FIELD = "execgate_target_fd"
 #: execgate extension: a request answered from the decision cache alone (module doc).
 CACHED_ONLY_EXTENSION_FIELD = "execgate_cached_only"
+#: execgate extension, with the cached-only field: the Run is for an exec by the caller's child
+#: (the shim's ``posix_spawn``), not by the caller itself (module doc).
+CACHED_FOR_CHILD_EXTENSION_FIELD = "execgate_cached_for_child"
 #: The action of the answer to a cached-only request that the cache does not cover.
 UNDECIDED_ACTION = "Undecided"
 #: Set to "1" in a session's env overlay when its policy keeps a decision cache: the preload
@@ -287,6 +293,7 @@ class EscalateRequest:
         target_fd: True when the target's fd rides on the frame (execgate extension, see the
             module doc); the field is written only then, so Codex frames stay byte-exact.
         cached_only: True for the shim's cached-only query (execgate extension, module doc).
+        cached_for_child: with ``cached_only``, the exec will be made by the caller's child.
     """
 
     file: str
@@ -295,6 +302,7 @@ class EscalateRequest:
     env: dict[str, str] = field(default_factory=dict)
     target_fd: bool = False
     cached_only: bool = False
+    cached_for_child: bool = False
 
     def to_json(self) -> bytes:
         obj: dict[str, Any] = {"file": self.file, "argv": self.argv, "workdir": self.workdir, "env": self.env}
@@ -302,6 +310,8 @@ class EscalateRequest:
             obj[TARGET_FD_EXTENSION_FIELD] = True
         if self.cached_only:
             obj[CACHED_ONLY_EXTENSION_FIELD] = True
+            if self.cached_for_child:
+                obj[CACHED_FOR_CHILD_EXTENSION_FIELD] = True
         return _dumps(obj)
 
     @classmethod
@@ -333,6 +343,8 @@ class EscalateRequest:
             env={_canonical(k): _canonical(v) for k, v in env.items()},
             target_fd=obj.get(TARGET_FD_EXTENSION_FIELD) is True,
             cached_only=obj.get(CACHED_ONLY_EXTENSION_FIELD) is True,
+            cached_for_child=obj.get(CACHED_ONLY_EXTENSION_FIELD) is True
+            and obj.get(CACHED_FOR_CHILD_EXTENSION_FIELD) is True,
         )
 
 

@@ -317,7 +317,8 @@ class Session:
         pid, uid = (None, None) if peer is None else peer
         if self.backstop is not None and pid is not None:
             backstop, caller = self.backstop, pid
-            on_run = lambda program, argv, ident: backstop.expect(caller, program, argv, ident)  # noqa: E731
+            def on_run(program: str, argv: list[str], ident: tuple[int, int] | None, child: bool = False) -> None:
+                backstop.expect(caller, program, argv, ident, child=child)
         coverage = self.coverage
 
         async def learn_facts(program: str, fd: int | None, path: str) -> ExecFacts:

@@ -9,7 +9,8 @@ root and as an unprivileged account):
   Run cached), and ``Undecided`` for everything else — a denied program, one that was never
   decided, one the rules escalate — with nothing decided, prompted or audited for it;
 * the Run of a query approves that one exec only: the same process exec'ing another file with the
-  approved argv, past the shim by the raw system call, is decided by the backstop and denied;
+  approved argv, past the shim by the raw system call, is decided by the backstop and denied; so
+  is a child's, after a query for an exec by a child (the shim's ``posix_spawn``);
 * the shim's own use: after the first exec of a program (decided through the wrapper), the next
   ones run without the wrapper (strace sees one exec of it), each still one audit line.
 """
@@ -64,15 +65,17 @@ def test_cached_only_query_answers_only_what_the_cache_holds(attacker: Attacker)
     grant_traverse(attacker.name, Path(py).resolve()) if not attacker.is_root else None
     script = (f"cp /bin/true ./ok && cp /bin/true ./esc && cp /bin/true ./other; ./ok; ./ok; "
               f"{py} q.py query ./ok ./ok; {py} q.py query ./mark mark; {py} q.py query ./other other; "
-              f"{py} q.py query ./esc esc; {py} q.py query-exec ./ok ./ok -- ./mark; echo end=$?")
+              f"{py} q.py query ./esc esc; {py} q.py query-exec ./ok ./ok -- ./mark; "
+              f"{py} q.py query-child-exec ./ok ./ok -- ./mark; echo end=$?")
     done, records = _session(attacker, script, "--sandbox", "bwrap", "--approver-wait", "1")
     out = done.stdout + done.stderr
     assert "end=" in done.stdout, out
     answers = [line for line in done.stdout.splitlines() if line.startswith("ANSWER ")]
     assert answers == ["ANSWER ./ok Run", "ANSWER ./mark Undecided", "ANSWER ./other Undecided",
-                       "ANSWER ./esc Undecided", "ANSWER ./ok Run"], out
-    # The Run of the query approved ./ok; the raw exec of ./mark with ok's argv was decided anew.
-    assert "EXEC EACCES" in done.stdout, out
+                       "ANSWER ./esc Undecided", "ANSWER ./ok Run", "ANSWER ./ok Run"], out
+    # The Run of the query approved ./ok; the raw exec of ./mark with ok's argv was decided anew,
+    # by the process itself and by its child.
+    assert done.stdout.count("EXEC EACCES") == 2 and "CHILD 3" in done.stdout, out
     assert "Execution denied: the marker must never run" in done.stderr, out
     assert not attacker.marker_ran("mark"), out
     work = attacker.workdir()
@@ -81,15 +84,16 @@ def test_cached_only_query_answers_only_what_the_cache_holds(attacker: Attacker)
         by_program.setdefault(Path(r["program"]).name, []).append((r["decision"], r["cached"]))
     # ./ok: the first exec decided, the second and both queries from the cache; nothing for
     # ./other and ./esc (queries only: no decision, no prompt); ./mark: the backstop's deny only.
-    assert sorted(by_program.get("ok", [])) == [("run", False), ("run", True), ("run", True), ("run", True)], records
+    assert sorted(by_program.get("ok", [])) == [("run", False)] + [("run", True)] * 4, records
     assert "other" not in by_program and "esc" not in by_program, records
-    assert by_program.get("mark") == [("deny", False)], records
+    assert sorted(by_program.get("mark", [])) == [("deny", False), ("deny", True)], records  # the 2nd: a cached Deny
     assert not any(r["program"].startswith(str(work)) and r["decision"] == "escalate" for r in records), records
 
 
 def test_cache_hits_run_without_the_wrapper() -> None:
     """strace counts the execs of the native wrapper: one per program (its first, decided exec),
-    not one per exec; the audit log still has one line per exec, the later ones cached."""
+    not one per exec — for bash's fork and exec and for make's posix_spawn alike; the audit log
+    still has one line per exec (the backstop decided none twice), the later ones cached."""
     if shutil.which("strace") is None:
         pytest.fail("strace is needed (scripts/setup.sh installs it)")
     work = Path(__import__("tempfile").mkdtemp(prefix="eg-shimcache-"))
@@ -99,17 +103,22 @@ def test_cache_hits_run_without_the_wrapper() -> None:
             ["strace", "-f", "-qq", "-e", "trace=execve,execveat", "-o", str(trace),
              sys.executable, "-m", "execgate.server.cli", "run", "-q", "--sandbox", "none",
              "--audit-log", str(audit), "--cwd", str(work), "--",
-             "for i in 1 2 3 4 5 6 7 8; do /bin/true; done; /bin/echo a; /bin/echo b"],
+             "for i in 1 2 3 4 5 6 7 8; do /bin/true; done; /bin/echo a; /bin/echo b; "
+             "printf 'all:\\n\\t@/bin/echo c\\n\\t@/bin/echo d\\n\\t@/bin/echo e\\n' > Makefile; "
+             "/usr/bin/make -s"],
             capture_output=True, text=True, timeout=120, check=False)
-        assert done.returncode == 0 and done.stdout == "a\nb\n", done.stdout + done.stderr
+        assert done.returncode == 0 and done.stdout == "a\nb\nc\nd\ne\n", done.stdout + done.stderr
         lines = trace.read_text().splitlines()
         done_execs = [line for line in lines if line.endswith("= 0")]
         wrapper_execs = [line for line in done_execs if "execgate-wrapper-native\", [" in line]
         true_execs = [line for line in done_execs if '["/bin/true"]' in line]
         assert len(true_execs) == 8, "\n".join(lines)
-        assert len(wrapper_execs) == 2, "\n".join(wrapper_execs)  # /bin/true's first, /bin/echo's first
+        # /bin/true's first exec, /bin/echo's and make's (printf is bash's builtin); the echos
+        # make spawns (posix_spawn) are cached
+        assert len(wrapper_execs) == 3, "\n".join(wrapper_execs)
+        assert len([line for line in done_execs if '["/bin/echo", ' in line]) == 5, "\n".join(lines)
         records = [json.loads(line) for line in audit.read_text().splitlines()]
         mine = sorted((Path(r["program"]).name, r["cached"]) for r in records if r["program"] in ("/bin/true", "/bin/echo"))
-        assert mine == [("echo", False), ("echo", True)] + [("true", False)] + [("true", True)] * 7, records
+        assert mine == [("echo", False)] + [("echo", True)] * 4 + [("true", False)] + [("true", True)] * 7, records
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -626,10 +626,11 @@ static int eg_read_exact(int fd, char *p, size_t n)
     return 0;
 }
 
-/* Ask the server's cache about PATH (TARGET: PATH opened O_PATH, sent with the request). 1 when
- * the answer is exactly Run; 0 for anything else (Undecided, a broken or closed stream, no
- * session socket), with nothing left open. */
-static int eg_query_cache(const char *path, char *const argv[], int target)
+/* Ask the server's cache about PATH (TARGET: PATH opened O_PATH, sent with the request) for an
+ * exec by this process or by a child it spawns (KIND: EG_QUERY_SELF, EG_QUERY_CHILD). 1 when the
+ * answer is exactly Run; 0 for anything else (Undecided, a broken or closed stream, no session
+ * socket), with nothing left open. */
+static int eg_query_cache(const char *path, char *const argv[], int target, int kind)
 {
     static const char run[] = "{\"action\":\"Run\"}";
     char cwd[PATH_MAX], reply[sizeof run];
@@ -638,7 +639,7 @@ static int eg_query_cache(const char *path, char *const argv[], int target)
     if (eg_sock_fd < 0 || !eg_socket_fd_valid((int)eg_sock_fd, eg_sock_id) ||
         getcwd(cwd, sizeof cwd) == NULL)
         return 0;
-    eg_request_json(eg_frame_put, &count, path, argv, cwd, NULL, 1, 1);
+    eg_request_json(eg_frame_put, &count, path, argv, cwd, NULL, 1, kind);
     if (count.total > EG_MAX_FRAME_BYTES)
         return 0;
     int stream = eg_handshake((int)eg_sock_fd);
@@ -648,7 +649,7 @@ static int eg_query_cache(const char *path, char *const argv[], int target)
     for (int i = 0; i < 4; i++)
         head[i] = (unsigned char)(count.total >> (8 * i));
     eg_frame_put(&out, (const char *)head, 4);
-    eg_request_json(eg_frame_put, &out, path, argv, cwd, NULL, 1, 1);
+    eg_request_json(eg_frame_put, &out, path, argv, cwd, NULL, 1, kind);
     eg_frame_flush(&out);
     int ok = !out.failed && eg_read_exact(stream, (char *)head, 4) == 0 &&
              ((uint32_t)head[0] | (uint32_t)head[1] << 8 | (uint32_t)head[2] << 16 |
@@ -677,7 +678,7 @@ static int eg_cached_run(const char *path, char *const argv[], char *const envp[
     int err, target = open(path, O_PATH | O_CLOEXEC);
     if (target < 0)
         return 0;
-    if (!eg_query_cache(path, argv, target)) {
+    if (!eg_query_cache(path, argv, target, EG_QUERY_SELF)) {
         close(target);
         return 0;
     }
@@ -817,7 +818,8 @@ static eg_spawn_fn eg_spawn_real(void)
     return eg_real_posix_spawn;
 }
 
-/* Spawn the wrapper for the already checked PATH, with the caller's file actions and attributes. */
+/* Spawn the wrapper for the already checked PATH, with the caller's file actions and attributes;
+ * or, on a cached Run, PATH itself. */
 static int eg_spawn_gated(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
                           const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
@@ -832,13 +834,29 @@ static int eg_spawn_gated(pid_t *pid, const char *path, const posix_spawn_file_a
         eg_complain("EXEC_WRAPPER is not set; refusing to spawn ", path, EACCES);
         return EACCES;
     }
-    eg_env_build(nenv, envp, pbuf, pcap, 1);
-    if (eg_is_wrapper(path))
+    if (eg_is_wrapper(path)) {
+        eg_env_build(nenv, envp, pbuf, pcap, 1);
         return real(pid, path, fa, attr, argv, nenv);
+    }
     if (eg_depth >= eg_max_depth) {
         eg_complain("exec depth limit reached, refusing to spawn ", path, ELOOP);
         return EACCES;
     }
+    if (eg_cached_query) {
+        /* The cache's Run for an exec by the child (DESIGN.md §9): spawned by path, with the
+         * environment it would get through the wrapper; the backstop checks that the child's
+         * exec is of the very file the server identified here. */
+        int target = open(path, O_PATH | O_CLOEXEC), ran = 0;
+        if (target >= 0) {
+            ran = eg_query_cache(path, argv, target, EG_QUERY_CHILD);
+            close(target);
+        }
+        if (ran) {
+            eg_env_build(nenv, envp, pbuf, pcap, 0);
+            return real(pid, path, fa, attr, argv, nenv);
+        }
+    }
+    eg_env_build(nenv, envp, pbuf, pcap, 1);
     nargv[n++] = eg_wrapper;
     nargv[n++] = (char *)path;
     for (size_t i = 0; i < argc; i++)

@@ -23,6 +23,12 @@
 
 #include "execgate.h"
 
+/* eg_request_json's CACHED_ONLY: a full request, or the cached-only query for an exec by the
+ * caller itself or by a child it spawns (server/protocol.py). */
+#define EG_QUERY_NONE 0
+#define EG_QUERY_SELF 1
+#define EG_QUERY_CHILD 2
+
 /* A sink for JSON text: PUT(CTX, S, N) appends the N bytes at S. */
 typedef void (*eg_put_fn)(void *ctx, const char *s, size_t n);
 
@@ -112,8 +118,9 @@ static inline int eg_request_skips(char *const envp[], size_t i)
 /*
  * The request's JSON: {"file":F,"argv":[...],"workdir":W,"env":{...}} in the field order of the
  * Codex request, then "execgate_target_fd":true when the target's fd rides on the frame (WITH_FD)
- * and "execgate_cached_only":true for the shim's cached-only query (CACHED_ONLY). ENVP NULL: an
- * empty "env" (the cached-only query: a cached answer never depends on it).
+ * and "execgate_cached_only":true for the shim's cached-only query (CACHED_ONLY: EG_QUERY_SELF,
+ * or EG_QUERY_CHILD adding "execgate_cached_for_child":true; EG_QUERY_NONE for a request). ENVP
+ * NULL: an empty "env" (the cached-only query: a cached answer never depends on it).
  */
 static inline void eg_request_json(eg_put_fn put, void *ctx, const char *file, char *const argv[],
                                    const char *cwd, char *const envp[], int with_fd, int cached_only)
@@ -145,8 +152,10 @@ static inline void eg_request_json(eg_put_fn put, void *ctx, const char *file, c
     put(ctx, "}", 1);
     if (with_fd)
         eg_put_str(put, ctx, ",\"execgate_target_fd\":true");
-    if (cached_only)
+    if (cached_only != EG_QUERY_NONE)
         eg_put_str(put, ctx, ",\"execgate_cached_only\":true");
+    if (cached_only == EG_QUERY_CHILD)
+        eg_put_str(put, ctx, ",\"execgate_cached_for_child\":true");
     put(ctx, "}", 1);
 }
 

@@ -104,7 +104,7 @@ static void buf_sink(void *ctx, const char *s, size_t n)
 static void build_request(struct buf *b, const char *file, char *const argv[], const char *cwd,
                           int with_fd)
 {
-    eg_request_json(buf_sink, b, file, argv, cwd, environ, with_fd, 0);
+    eg_request_json(buf_sink, b, file, argv, cwd, environ, with_fd, EG_QUERY_NONE);
 }
 
 /* ---- JSON decoding: a small strict parser; unknown fields are kept and ignored ------------- */

@@ -11,6 +11,9 @@ Usage:
     python3 cached_query.py query-exec FILE ARGV0 [ARGV1 ...] -- OTHER
         (query FILE; on Run, execve OTHER with the approved argv instead, by the raw system
         call, past the shim; prints ``EXEC <errno name>`` if that fails)
+    python3 cached_query.py query-child-exec FILE ARGV0 [ARGV1 ...] -- OTHER
+        (the same for an exec by a child, as the shim's posix_spawn asks: a forked child
+        execs OTHER; prints ``CHILD <status>``)
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import sys
 SYS_EXECVE = 59  # x86_64
 
 
-def query(file: str, argv: list[str]) -> tuple[str, int]:
+def query(file: str, argv: list[str], child: bool = False) -> tuple[str, int]:
     """The action the server answers a cached-only query for FILE; and the O_PATH fd sent."""
     dgram = socket.socket(fileno=os.dup(int(os.environ["CODEX_ESCALATE_SOCKET"])))
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -34,7 +37,8 @@ def query(file: str, argv: list[str]) -> tuple[str, int]:
     theirs.close()
     target = os.open(file, os.O_PATH | os.O_CLOEXEC)
     body = json.dumps({"file": file, "argv": argv, "workdir": os.getcwd(), "env": {},
-                       "execgate_target_fd": True, "execgate_cached_only": True}).encode()
+                       "execgate_target_fd": True, "execgate_cached_only": True,
+                       **({"execgate_cached_for_child": True} if child else {})}).encode()
     frame = struct.pack("<I", len(body)) + body
     mine.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", target))])
     head = mine.recv(4, socket.MSG_WAITALL)
@@ -48,17 +52,24 @@ def query(file: str, argv: list[str]) -> tuple[str, int]:
 def main() -> int:
     mode, rest = sys.argv[1], sys.argv[2:]
     other = None
-    if mode == "query-exec":
+    if mode in ("query-exec", "query-child-exec"):
         cut = rest.index("--")
         rest, other = rest[:cut], rest[cut + 1]
-    action, _target = query(rest[0], rest[1:])
+    action, _target = query(rest[0], rest[1:], child=mode == "query-child-exec")
     print(f"ANSWER {rest[0]} {action}", flush=True)
-    if other is not None and action == "Run":
-        libc = ctypes.CDLL(None, use_errno=True)
-        argv = (ctypes.c_char_p * (len(rest)))(*[a.encode() for a in rest[1:]], None)
-        envp = (ctypes.c_char_p * 1)(None)
-        libc.syscall(SYS_EXECVE, other.encode(), argv, envp)
-        print(f"EXEC {errno.errorcode.get(ctypes.get_errno(), '?')}", flush=True)
+    if other is None or action != "Run":
+        return 0
+    pid = os.fork() if mode == "query-child-exec" else 0
+    if pid:
+        print(f"CHILD {os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}", flush=True)
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    argv = (ctypes.c_char_p * (len(rest)))(*[a.encode() for a in rest[1:]], None)
+    envp = (ctypes.c_char_p * 1)(None)
+    libc.syscall(SYS_EXECVE, other.encode(), argv, envp)
+    print(f"EXEC {errno.errorcode.get(ctypes.get_errno(), '?')}", flush=True)
+    if mode == "query-child-exec":
+        os._exit(3)
     return 0
 
 
