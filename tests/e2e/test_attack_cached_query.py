@@ -122,3 +122,25 @@ def test_cache_hits_run_without_the_wrapper() -> None:
         assert mine == [("echo", False)] + [("echo", True)] * 4 + [("true", False)] + [("true", True)] * 7, records
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_long_and_non_utf8_arguments_go_through_the_query_intact(tmp_path: Path) -> None:
+    """The shim writes its request in 2 KiB pieces with the target fd on the first: a 20 KB
+    argument, and bytes that are not UTF-8 (sent as ``\\udcXX``), reach the program unchanged
+    on a cache hit as on the first, decided exec."""
+    audit = tmp_path / "audit.jsonl"
+    script = ('long=$(head -c 20000 /dev/zero | tr "\\0" x); odd=$(printf "a\\377b\\303"); '
+              'for i in 1 2 3; do /bin/echo "$long" | wc -c; /bin/echo "$odd" | od -An -c | tr -s " "; done')
+    trace = tmp_path / "trace"
+    done = subprocess.run(["strace", "-f", "-qq", "-e", "trace=execve", "-o", str(trace),
+                           sys.executable, "-m", "execgate.server.cli", "run", "-q", "--sandbox", "none",
+                           "--audit-log", str(audit), "--cwd", str(tmp_path), "--", script],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == ["20001", " a 377 b 303 \\n"] * 3, done.stdout + done.stderr
+    # The first exec of echo went through the wrapper; the five others were answered to the shim.
+    wrapped = [line for line in trace.read_text().splitlines()
+               if "execgate-wrapper-native\", [" in line and '"/bin/echo", "/bin/echo"' in line]
+    assert len(wrapped) == 1, wrapped
+    echoes = [json.loads(line) for line in audit.read_text().splitlines() if '"/bin/echo"' in line]
+    assert sorted(r["cached"] for r in echoes) == [False] + [True] * 5, echoes

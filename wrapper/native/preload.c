@@ -546,12 +546,12 @@ static int eg_exec_wrapper(const char *file, char *const argv[], char *const env
 
 /* ---- the cached-only query (server/protocol.py, "Cached-only query"; DESIGN.md §9) ---------- */
 
-/* A request frame being counted (FD < 0) or sent on stream FD in pieces of sizeof BUF, the
- * first piece carrying ATTACH (SCM_RIGHTS) when it is >= 0. */
+/* A request frame being sent on stream FD in pieces of sizeof BUF, the first piece carrying
+ * ATTACH (SCM_RIGHTS) when it is >= 0. */
 struct eg_frame_out {
     int fd, attach, failed;
-    size_t total, len;
-    char buf[4096];
+    size_t len;
+    char buf[2048];
 };
 
 static void eg_frame_flush(struct eg_frame_out *o)
@@ -587,11 +587,16 @@ static void eg_frame_flush(struct eg_frame_out *o)
     o->len = 0;
 }
 
+static void eg_count_put(void *ctx, const char *s, size_t n)
+{
+    (void)s;
+    *(size_t *)ctx += n;
+}
+
 static void eg_frame_put(void *ctx, const char *s, size_t n)
 {
     struct eg_frame_out *o = ctx;
-    o->total += n;
-    while (o->fd >= 0 && !o->failed && n > 0) {
+    while (!o->failed && n > 0) {
         size_t k = sizeof o->buf - o->len < n ? sizeof o->buf - o->len : n;
         memcpy(o->buf + o->len, s, k);
         o->len += k, s += k, n -= k;
@@ -635,19 +640,19 @@ static int eg_query_cache(const char *path, char *const argv[], int target, int 
     static const char run[] = "{\"action\":\"Run\"}";
     char cwd[PATH_MAX], reply[sizeof run];
     unsigned char head[4];
-    struct eg_frame_out count = {.fd = -1, .attach = -1};
+    size_t total = 0;
     if (eg_sock_fd < 0 || !eg_socket_fd_valid((int)eg_sock_fd, eg_sock_id) ||
         getcwd(cwd, sizeof cwd) == NULL)
         return 0;
-    eg_request_json(eg_frame_put, &count, path, argv, cwd, NULL, 1, kind);
-    if (count.total > EG_MAX_FRAME_BYTES)
+    eg_request_json(eg_count_put, &total, path, argv, cwd, NULL, 1, kind);
+    if (total > EG_MAX_FRAME_BYTES)
         return 0;
     int stream = eg_handshake((int)eg_sock_fd);
     if (stream < 0)
         return 0;
     struct eg_frame_out out = {.fd = stream, .attach = target};
     for (int i = 0; i < 4; i++)
-        head[i] = (unsigned char)(count.total >> (8 * i));
+        head[i] = (unsigned char)(total >> (8 * i));
     eg_frame_put(&out, (const char *)head, 4);
     eg_request_json(eg_frame_put, &out, path, argv, cwd, NULL, 1, kind);
     eg_frame_flush(&out);
