@@ -211,7 +211,11 @@ def main() -> None:
     near = {os.path.normpath(s) for s in near}  # /proc/net/unix may say ///tmp/…
     # Other services on this machine are probed (ListPending) but never watched: a watcher counts
     # as an approver there. The ancestor's, TMPDIR's and our own directory's are ours.
-    far = {s for s in walk_sockets("/tmp", 2) if os.path.basename(os.path.dirname(s)).startswith("execgate-")}
+    # Another session's own socket ("s": the exec protocol, not gRPC) is left alone: probing it
+    # cannot approve anything and only makes that session log a protocol error (a concurrent
+    # test run on this machine then fails on its clean stderr).
+    far = {s for s in walk_sockets("/tmp", 2) if os.path.basename(os.path.dirname(s)).startswith("execgate-")
+           and not (os.path.basename(s) == "s" and s not in near)}
     # Ours: found through our ancestors, TMPDIR or cwd, or (not root) in a directory of our own
     # uid — as root every other run's directory on this machine is visible too.
     mine = near | {s for s in far if os.getuid() != 0 and owner(os.path.dirname(s)) == os.getuid()}
