@@ -18,7 +18,8 @@ each notification on the event loop (``loop.add_reader``):
   ``execveat(fd, "", …, AT_EMPTY_PATH)`` of its target fd is seen as ``/proc/PID/fd/N``, whose
   stat is that file), else the same path or the file at it; likewise the shim's cached Run of a
   ``posix_spawn`` (``expect(..., child=True)``): one exec of exactly that file and argv by a child
-  of the requesting process;
+  of the requesting process; an approval not used within :data:`EXPECTED_TTL_S` (10 s) is
+  dropped (the exec is then decided, as any other);
 * any other exec is decided by the policy: Run → ``CONTINUE``; Deny → ``EACCES`` and
   ``Execution denied: <reason>`` on the caller's stderr; Escalate → cannot be done in place: also
   ``EACCES``, with a reason saying to run it through the session's shell.
@@ -41,6 +42,7 @@ import errno
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -56,6 +58,11 @@ log = logging.getLogger(__name__)
 LISTENER_MESSAGE = b"execgate-seccomp-listener"
 #: Most approved execs remembered at once (wrappers that were told Run and have not exec'd yet).
 MAX_EXPECTED = 4096
+#: Seconds an approved exec stays expected: the wrapper, or the shim after a cached Run, execs at
+#: once; a Run kept for later (a rules reload or the cache's TTL may have passed since) is
+#: decided again. Also the most approvals of one posix_spawn key kept at once.
+EXPECTED_TTL_S = 10.0
+MAX_EXPECTED_PER_CHILD_KEY = 64
 MAX_ARGS = 65536
 
 
@@ -64,6 +71,7 @@ class _Expected:
     program: str
     argv: tuple[bytes, ...]
     ident: tuple[int, int] | None  # (st_dev, st_ino) of the file the server identified, if any
+    deadline: float  # time.monotonic() past which it is no longer expected
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +126,8 @@ class Backstop:
         self._listener = -1
         self._shell: str | None = None
         self._expected: dict[int, _Expected] = {}
-        #: Approved execs of a child: (parent tgid, (st_dev, st_ino), argv) → how many (posix_spawn).
-        self._expected_children: dict[tuple[int, tuple[int, int], tuple[bytes, ...]], int] = {}
+        #: Approved execs of a child: (parent tgid, (st_dev, st_ino), argv) → their deadlines (posix_spawn).
+        self._expected_children: dict[tuple[int, tuple[int, int], tuple[bytes, ...]], list[float]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -149,16 +157,19 @@ class Backstop:
                 server/protocol.py "Cached-only query"): one exec of exactly that file (``ident``
                 required) and argv by a process whose parent is ``pid`` continues undecided.
         """
+        deadline = time.monotonic() + EXPECTED_TTL_S
         if child:
             if ident is not None:
                 key = (pid, ident, tuple(p.wire_bytes(a) for a in argv))
                 if len(self._expected_children) >= MAX_EXPECTED and key not in self._expected_children:
                     self._expected_children.pop(next(iter(self._expected_children)))
-                self._expected_children[key] = self._expected_children.get(key, 0) + 1
+                deadlines = self._expected_children.setdefault(key, [])
+                deadlines.append(deadline)
+                del deadlines[:-MAX_EXPECTED_PER_CHILD_KEY]
             return
         if len(self._expected) >= MAX_EXPECTED:
             self._expected.pop(next(iter(self._expected)))  # the oldest: its wrapper never exec'd
-        self._expected[pid] = _Expected(program, tuple(p.wire_bytes(a) for a in argv), ident)
+        self._expected[pid] = _Expected(program, tuple(p.wire_bytes(a) for a in argv), ident, deadline)
 
     async def serve(self) -> None:
         """Take the launcher's listener and serve it until :meth:`close`. Never raises but for
@@ -316,20 +327,28 @@ class Backstop:
                 return True
         if exe.ident == self._wrapper_id:
             return True
-        if expected is None and self._expected_children:  # an approved posix_spawn of the parent's
-            key = (exe.ppid, exe.ident, tuple(exe.argv))
-            left = self._expected_children.get(key, 0)
-            if left:
-                if left == 1:
-                    del self._expected_children[key]
-                else:
-                    self._expected_children[key] = left - 1
-                return True
-        if expected is None or tuple(exe.argv) != expected.argv:
+        now = time.monotonic()
+        if expected is None and self._expected_children and self._take_child(exe, now):
+            return True  # an approved posix_spawn of its parent's
+        if expected is None or expected.deadline < now or tuple(exe.argv) != expected.argv:
             return False
         # Only the very file the server identified, by any name; a request it could not identify
         # is decided again here, on the file the kernel will run.
         return expected.ident is not None and exe.ident == expected.ident
+
+    def _take_child(self, exe: _Exec, now: float) -> bool:
+        """Consume one live approval of exactly this exec by a child of ``exe.ppid``, if any."""
+        key = (exe.ppid, exe.ident, tuple(exe.argv))
+        deadlines = self._expected_children.get(key)
+        if deadlines is None:
+            return False
+        live = [d for d in deadlines if d >= now]
+        taken = bool(live)
+        if live[1:]:
+            self._expected_children[key] = live[1:]
+        else:
+            del self._expected_children[key]
+        return taken
 
     async def _decide(self, exe: _Exec) -> int:
         """Ask the policy; returns 0 (Run) or the errno the exec fails with."""

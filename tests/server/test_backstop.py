@@ -1,6 +1,6 @@
 """The seccomp backstop's launcher on its own (real processes, real seccomp filters): it probes, it
 refuses to start a program it could not put under a served listener, and an exec under a listener
-nobody serves fails instead of running."""
+nobody serves fails instead of running; and which approved execs continue undecided."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import socket
 import subprocess
 from pathlib import Path
 
+from execgate.server import backstop
 from execgate.server.backstop import LISTENER_MESSAGE
 from execgate.wrapper.artifacts import seccomp_launcher_path
 
@@ -51,3 +52,45 @@ def test_exec_fails_closed_when_nobody_serves_the_listener(tmp_path: Path) -> No
     assert proc.returncode == 126
     assert "the escalation server did not take the seccomp listener" in err
     assert not ran.exists()
+
+
+def _matcher() -> "backstop.Backstop":
+    """A Backstop with only what :meth:`_undecided` reads (no listener, no loop)."""
+    b = object.__new__(backstop.Backstop)
+    b._expected, b._expected_children, b._shell, b._wrapper_id = {}, {}, None, (0, 1)
+    return b
+
+
+def _exe(tgid: int, ppid: int, ident: tuple[int, int], argv: list[bytes]) -> "backstop._Exec":
+    return backstop._Exec(tgid, tgid, ppid, "/bin/x", argv, "/", ident, -1)
+
+
+def test_an_approved_exec_is_undecided_once_and_only_before_its_deadline(monkeypatch) -> None:
+    """The wrapper's (or the shim's) approved exec: one-shot, that file and argv, within
+    EXPECTED_TTL_S; a child's approval (posix_spawn): one per approval, by a child of the
+    requester, of that file and argv; anything later or else is decided."""
+    now = [1000.0]
+    monkeypatch.setattr(backstop.time, "monotonic", lambda: now[0])
+    b = _matcher()
+    b.expect(10, "/bin/x", ["x"], (5, 6))
+    assert not b._undecided(10, _exe(10, 1, (5, 7), [b"x"]))  # another file: decided (and consumed)
+    assert not b._undecided(10, _exe(10, 1, (5, 6), [b"x"]))
+    b.expect(10, "/bin/x", ["x"], (5, 6))
+    assert b._undecided(10, _exe(10, 1, (5, 6), [b"x"]))
+    b.expect(10, "/bin/x", ["x"], (5, 6))
+    now[0] += backstop.EXPECTED_TTL_S + 1
+    assert not b._undecided(10, _exe(10, 1, (5, 6), [b"x"]))  # kept too long: decided again
+
+    b.expect(20, "/bin/x", ["x"], (5, 6), child=True)
+    b.expect(20, "/bin/x", ["x"], (5, 6), child=True)
+    assert not b._undecided(30, _exe(30, 21, (5, 6), [b"x"]))  # not a child of 20
+    assert not b._undecided(31, _exe(31, 20, (5, 6), [b"y"]))  # other argv
+    assert not b._undecided(32, _exe(32, 20, (5, 9), [b"x"]))  # other file
+    assert b._undecided(33, _exe(33, 20, (5, 6), [b"x"]))
+    assert b._undecided(34, _exe(34, 20, (5, 6), [b"x"]))
+    assert not b._undecided(35, _exe(35, 20, (5, 6), [b"x"]))  # two approvals, two execs
+    b.expect(20, "/bin/x", ["x"], (5, 6), child=True)
+    now[0] += backstop.EXPECTED_TTL_S + 1
+    assert not b._undecided(36, _exe(36, 20, (5, 6), [b"x"]))
+    b.expect(20, "/bin/x", ["x"], None, child=True)  # an unidentified file is never expected
+    assert not b._undecided(37, _exe(37, 20, (5, 6), [b"x"]))
