@@ -218,7 +218,12 @@ class Backstop:
             os.close(self._listener)
             self._listener = -1
             return
-        task = self._loop.create_task(self._handle(notif))
+        exe, error = self._settle(notif)
+        if exe is None:  # answered without a decision (or gone): no task, no await
+            if error is not None:
+                self._answer(notif.id, error)
+            return
+        task = self._loop.create_task(self._handle(notif, exe))
         self._tasks.add(task)
         task.add_done_callback(self._done)
         if len(self._tasks) >= self.max_concurrent:
@@ -240,26 +245,28 @@ class Backstop:
         except OSError as exc:
             log.error("session %s: seccomp answer failed: %s", self.context.session_id, exc)
 
-    async def _handle(self, notif: sn.Notification) -> None:
-        """Decide one notification and answer it; any failure is a refusal (fail closed)."""
-        error = errno.EACCES
+    def _settle(self, notif: sn.Notification) -> tuple[_Exec | None, int | None]:
+        """Read one notification and settle what needs no decision, synchronously (the wrapper's
+        execs and the approved ones: most of them). Returns ``(exe, None)`` when the policy must
+        decide (``exe`` owned by the caller), ``(None, error)`` to answer at once with ``error``
+        (0: continue; else the errno: any failure is a refusal, fail closed), ``(None, None)``
+        when the caller is gone."""
         exe: _Exec | None = None
         try:
             exe = self._read(notif)
-            if exe is None or self._undecided(notif.pid, exe):
-                error = 0
-            else:
-                error = await self._decide(exe)
+            if exe is not None and not self._undecided(notif.pid, exe):
+                exe, decide = None, exe
+                return decide, None
+            return None, 0
         except sn.NotificationGone:
-            return
+            return None, None
         except Unnamed as exc:
             self._tell(notif.pid, f"Execution denied: {exc}\n")
         except OSError as exc:
             if exc.errno in _AS_THE_KERNEL:
-                error = exc.errno
-            else:
-                log.warning("session %s: exec by pid %d refused, its file or arguments cannot be read: %s",
-                            self.context.session_id, notif.pid, exc)
+                return None, exc.errno
+            log.warning("session %s: exec by pid %d refused, its file or arguments cannot be read: %s",
+                        self.context.session_id, notif.pid, exc)
         except ValueError as exc:
             log.warning("session %s: exec by pid %d refused, its arguments cannot be read: %s",
                         self.context.session_id, notif.pid, exc)
@@ -268,6 +275,20 @@ class Backstop:
         finally:
             if exe is not None:
                 os.close(exe.fd)
+        return None, errno.EACCES
+
+    async def _handle(self, notif: sn.Notification, exe: _Exec) -> None:
+        """Decide one notification (``exe``: owned, closed here) and answer it; any failure is a
+        refusal (fail closed)."""
+        error = errno.EACCES
+        try:
+            error = await self._decide(exe)
+        except OSError as exc:  # the caller vanished while its uid was read
+            log.info("session %s: exec by pid %d refused: %s", self.context.session_id, exe.tid, exc)
+        except Exception:
+            log.exception("session %s: unexpected error deciding a seccomp notification", self.context.session_id)
+        finally:
+            os.close(exe.fd)
         self._answer(notif.id, error)
 
     def _read(self, notif: sn.Notification) -> _Exec | None:
