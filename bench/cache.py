@@ -4,6 +4,9 @@
    ``--cache-ttl 60``) and without (``--cache-ttl 0``: every exec a DetermineAction call), each as
    ms added per exec over plain bash, measured as figure 1 (a loop of ``/bin/true`` at N and at 0
    execs, medians of interleaved repeats, ``--sandbox none``, native wrapper, shipped rules).
+10. Figures 8 and 2 against a separate ``execgate policy serve`` process on a Unix socket
+   (``execgate run --policy unix://…``): the Run path with the service's cache on (its default
+   ``--cache-ttl 60``) and off (``--cache-ttl 0``), and the Escalate path (unsandboxed).
 9. A real build: ``make -j2`` of a C project written here (``files`` .c files, one header, a
    link), from clean, plain and under ``execgate run --sandbox none -q`` with and without the
    cache; the gated/plain ratio, the count of execs from the audit log (one line per exec,
@@ -17,8 +20,8 @@ import os
 import shutil
 from pathlib import Path
 
-from bench.common import Figure, execgate_cli, median, timed_run
-from bench.execpath import _env, _per_exec_ms, loop_script
+from bench.common import Figure, PolicyProcess, execgate_cli, median, timed_run
+from bench.execpath import ESCALATE_TRUE_RULES, _env, _per_exec_ms, loop_script
 
 
 def run_path_cache(n: int, reps: int, cwd: str) -> list[Figure]:
@@ -40,6 +43,44 @@ def run_path_cache(n: int, reps: int, cwd: str) -> list[Figure]:
             baseline_what="plain bash ms/exec", ratio=per[key] / per["bash"] if per["bash"] > 0 else None,
             notes=f"Run path, {what}; N={n}, {reps} reps, median; gated total {per[key]:.3f} ms/exec",
             samples=samples,
+        ))
+    return figs
+
+
+def separate_service(n: int, reps: int, cwd: str) -> list[Figure]:
+    """Figure 10: ms added per exec with a separate ``policy serve`` (Run: cache hit, no cache;
+    Escalate), interleaved with plain bash in one measurement."""
+    env = _env()
+    rules = Path(cwd) / "escalate-true.toml"
+    rules.write_text(ESCALATE_TRUE_RULES)
+    services: dict[str, PolicyProcess] = {}
+    try:
+        for name, r, x in (("cached", None, ()), ("uncached", None, ("--cache-ttl", "0")),
+                           ("escalate", str(rules), ())):
+            (Path(cwd) / name).mkdir()
+            services[name] = PolicyProcess(str(Path(cwd) / name), rules=r, extra=x)
+
+        def gated(name: str):
+            argv = [*execgate_cli(), "run", "--sandbox", "none", "-q", "--wrapper", "native",
+                    "--policy", services[name].address, "--"]
+            return lambda k: timed_run([*argv, loop_script(k)], cwd=cwd, env=env)
+        runners = {"bash": lambda k: timed_run(["bash", "-c", loop_script(k)], cwd=cwd, env=env),
+                   **{name: gated(name) for name in services}}
+        per, times = _per_exec_ms(runners, n, reps)
+    finally:
+        for service in services.values():
+            service.stop()
+    samples = {k: [round(x, 4) for x in v] for k, v in times.items()}
+    figs = []
+    for key, name, what in (
+            ("cached", "run_native_separate_cached_ms_per_exec", "Run path, separate policy serve, cache hit"),
+            ("uncached", "run_native_separate_uncached_ms_per_exec",
+             "Run path, separate policy serve --cache-ttl 0 (a DetermineAction per exec)"),
+            ("escalate", "escalate_native_separate_ms_per_exec", "Escalate (unsandboxed), separate policy serve")):
+        figs.append(Figure(
+            name=name, value=per[key] - per["bash"], unit="ms/exec added", baseline=per["bash"],
+            baseline_what="plain bash ms/exec", ratio=per[key] / per["bash"] if per["bash"] > 0 else None,
+            notes=f"{what}; N={n}, {reps} reps, median; gated total {per[key]:.3f} ms/exec", samples=samples,
         ))
     return figs
 

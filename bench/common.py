@@ -150,9 +150,9 @@ def workdir() -> Iterator[str]:
 class PolicyProcess:
     """``execgate policy serve`` in its own process on a Unix socket under ``directory``."""
 
-    def __init__(self, directory: str, rules: str | None = None) -> None:
+    def __init__(self, directory: str, rules: str | None = None, extra: tuple[str, ...] = ()) -> None:
         self.address = f"unix://{directory}/policy.sock"
-        argv = [*execgate_cli(), "policy", "serve", "--listen", self.address, "--grace", "0.5"]
+        argv = [*execgate_cli(), "policy", "serve", "--listen", self.address, "--grace", "0.5", *extra]
         if rules:
             argv += ["--rules", rules]
         # Its log (one INFO line per decision) goes to a file: an unread pipe would fill and stall it.

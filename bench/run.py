@@ -35,6 +35,8 @@ FIGURE_NAMES = (
     "throughput_decisions_per_s", "throughput_errors", "server_rss_100_sessions_mb", "policy_rss_after_load_mb",
     "run_native_backstop_share_ms", "run_native_backstop_cpu_ms", "backstop_decided_ms_per_exec",
     "run_native_cached_ms_per_exec", "run_native_uncached_ms_per_exec",
+    "run_native_separate_cached_ms_per_exec", "run_native_separate_uncached_ms_per_exec",
+    "escalate_native_separate_ms_per_exec",
     "build_gated_ratio", "build_uncached_ratio", "build_execs", "build_cache_hit_rate",
 )
 
@@ -116,6 +118,7 @@ def run(params: dict[str, float]) -> list[Figure]:
             service.stop()
         add(execpath.backstop_share(int(params["run_n"]), int(params["run_reps"]), cwd))
         add(cache.run_path_cache(int(params["run_n"]), int(params["run_reps"]), cwd))
+        add(cache.separate_service(int(params["run_n"]), int(params["run_reps"]), cwd))
         add(cache.build(cwd, int(params["build_files"]), int(params["build_reps"])))
     return figs
 

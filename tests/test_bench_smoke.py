@@ -18,6 +18,8 @@ FIGURE_NAMES = (
     "throughput_decisions_per_s", "throughput_errors", "server_rss_100_sessions_mb", "policy_rss_after_load_mb",
     "run_native_backstop_share_ms", "run_native_backstop_cpu_ms", "backstop_decided_ms_per_exec",
     "run_native_cached_ms_per_exec", "run_native_uncached_ms_per_exec",
+    "run_native_separate_cached_ms_per_exec", "run_native_separate_uncached_ms_per_exec",
+    "escalate_native_separate_ms_per_exec",
     "build_gated_ratio", "build_uncached_ratio", "build_execs", "build_cache_hit_rate",
 )
 
