@@ -49,6 +49,7 @@ from execgate.policy_service.metrics import PolicyMetrics, server_interceptors
 from execgate.policy_service.servicer import ApprovalsServicer, EscalationPolicyServicer
 from execgate.policy_service.state import open_state
 from execgate.policy_service.transport import TlsFiles, TokenInterceptor, add_port, new_token, write_private_file
+from execgate.server import protocol as p
 from execgate.server.telemetry import MetricsEndpoint
 from execgate.v1 import approvals_pb2, approvals_pb2_grpc, policy_pb2, policy_pb2_grpc
 
@@ -97,7 +98,10 @@ class PolicyServer:
         interceptors = server_interceptors(self.metrics.tracer_provider)
         if secured:
             interceptors.append(TokenInterceptor(token, approvals_token=approvals_token))
-        self._server = grpc.aio.server(interceptors=interceptors)
+        self._server = grpc.aio.server(interceptors=interceptors, options=(
+            ("grpc.max_receive_message_length", p.GRPC_MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", p.GRPC_MAX_MESSAGE_BYTES),
+        ))
         self._health = health.aio.HealthServicer()
         if POLICY_SERVICE in self.services:
             policy_pb2_grpc.add_EscalationPolicyServicer_to_server(

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import hashlib
 import logging
 import os
 import socket
@@ -62,14 +63,14 @@ MAX_EXPECTED = 4096
 #: once; a Run kept for later (a rules reload or the cache's TTL may have passed since) is
 #: decided again. Also the most approvals of one posix_spawn key kept at once.
 EXPECTED_TTL_S = 10.0
-MAX_EXPECTED_PER_CHILD_KEY = 64
+MAX_EXPECTED_PER_CHILD_KEY = 16
 MAX_ARGS = 65536
 
 
 @dataclass(frozen=True, slots=True)
 class _Expected:
     program: str
-    argv: tuple[bytes, ...]
+    argv: bytes  # _argv_digest of the approved argv
     ident: tuple[int, int] | None  # (st_dev, st_ino) of the file the server identified, if any
     deadline: float  # time.monotonic() past which it is no longer expected
 
@@ -126,8 +127,9 @@ class Backstop:
         self._listener = -1
         self._shell: str | None = None
         self._expected: dict[int, _Expected] = {}
-        #: Approved execs of a child: (parent tgid, (st_dev, st_ino), argv) → their deadlines (posix_spawn).
-        self._expected_children: dict[tuple[int, tuple[int, int], tuple[bytes, ...]], list[float]] = {}
+        #: Approved execs of a child: (parent tgid, (st_dev, st_ino), argv digest) → their deadlines
+        #: (posix_spawn). Digests, not argvs: a session must not make the server hold its argvs.
+        self._expected_children: dict[tuple[int, tuple[int, int], bytes], list[float]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -157,19 +159,24 @@ class Backstop:
                 server/protocol.py "Cached-only query"): one exec of exactly that file (``ident``
                 required) and argv by a process whose parent is ``pid`` continues undecided.
         """
-        deadline = time.monotonic() + EXPECTED_TTL_S
+        now = time.monotonic()
+        digest = _argv_digest([p.wire_bytes(a) for a in argv])
         if child:
             if ident is not None:
-                key = (pid, ident, tuple(p.wire_bytes(a) for a in argv))
-                if len(self._expected_children) >= MAX_EXPECTED and key not in self._expected_children:
-                    self._expected_children.pop(next(iter(self._expected_children)))
-                deadlines = self._expected_children.setdefault(key, [])
-                deadlines.append(deadline)
+                children = self._expected_children
+                if len(children) >= MAX_EXPECTED // 2:  # drop what has expired before dropping the oldest
+                    for old in [k for k, v in children.items() if v[-1] < now]:
+                        del children[old]
+                key = (pid, ident, digest)
+                if len(children) >= MAX_EXPECTED and key not in children:
+                    children.pop(next(iter(children)))
+                deadlines = children.setdefault(key, [])
+                deadlines.append(now + EXPECTED_TTL_S)
                 del deadlines[:-MAX_EXPECTED_PER_CHILD_KEY]
             return
         if len(self._expected) >= MAX_EXPECTED:
             self._expected.pop(next(iter(self._expected)))  # the oldest: its wrapper never exec'd
-        self._expected[pid] = _Expected(program, tuple(p.wire_bytes(a) for a in argv), ident, deadline)
+        self._expected[pid] = _Expected(program, digest, ident, now + EXPECTED_TTL_S)
 
     async def serve(self) -> None:
         """Take the launcher's listener and serve it until :meth:`close`. Never raises but for
@@ -351,7 +358,7 @@ class Backstop:
         now = time.monotonic()
         if expected is None and self._expected_children and self._take_child(exe, now):
             return True  # an approved posix_spawn of its parent's
-        if expected is None or expected.deadline < now or tuple(exe.argv) != expected.argv:
+        if expected is None or expected.deadline < now or _argv_digest(exe.argv) != expected.argv:
             return False
         # Only the very file the server identified, by any name; a request it could not identify
         # is decided again here, on the file the kernel will run.
@@ -359,7 +366,7 @@ class Backstop:
 
     def _take_child(self, exe: _Exec, now: float) -> bool:
         """Consume one live approval of exactly this exec by a child of ``exe.ppid``, if any."""
-        key = (exe.ppid, exe.ident, tuple(exe.argv))
+        key = (exe.ppid, exe.ident, _argv_digest(exe.argv))
         deadlines = self._expected_children.get(key)
         if deadlines is None:
             return False
@@ -451,6 +458,11 @@ def _ident(path: str) -> tuple[int, int] | None:
 def _signed32(value: int) -> int:
     value &= 0xFFFFFFFF
     return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def _argv_digest(argv: Sequence[bytes]) -> bytes:
+    """SHA-256 of ``argv`` joined by NUL bytes (injective: an argument holds no NUL) and its count."""
+    return hashlib.sha256(len(argv).to_bytes(4, "little") + b"\0".join(argv)).digest()
 
 
 def _ids(proc: str) -> tuple[int, int]:

@@ -44,6 +44,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Hashable, Sequence
 
+from execgate.server import protocol as p
 from execgate.server.policy import CacheHint, Decision, ExecFacts, SessionContext
 
 log = logging.getLogger(__name__)
@@ -251,6 +252,26 @@ class CachedAudit:
         self.lost = 0
         self.sent = 0
 
+    @staticmethod
+    def size(hit: Hit) -> int:
+        """A bound of the bytes ``hit`` takes in a RecordCachedDecisions message: its strings at
+        gRPC's text expansion, plus room for the other fields."""
+        text = sum(len(a) for a in hit.argv) + len(hit.program) + len(hit.workdir)
+        return text * p.GRPC_TEXT_EXPANSION + 4096
+
+    def _take(self) -> list[tuple[Hit, int]]:
+        """The next batch off the queue: at most ``batch`` hits and, past the first, at most
+        :data:`~execgate.server.protocol.CACHED_AUDIT_BATCH_BYTES` (so that no call exceeds the
+        message limit, which would lose every hit of the batch)."""
+        total, n = 0, 0
+        for hit, _tries in self._queue[:self.batch]:
+            total += self.size(hit)
+            if n and total > p.CACHED_AUDIT_BATCH_BYTES:
+                break
+            n += 1
+        taken, self._queue = self._queue[:n], self._queue[n:]
+        return taken
+
     def add(self, hit: Hit) -> None:
         """Queue one hit (never blocks; starts the flusher in the running loop if needed)."""
         self._ensure_started()
@@ -274,7 +295,7 @@ class CachedAudit:
         assert self._lock is not None
         async with self._lock:
             while self._queue:
-                taken, self._queue = self._queue[:self.batch], self._queue[self.batch:]
+                taken = self._take()
                 try:
                     fingerprint = await self._send([hit for hit, _ in taken])
                 except asyncio.CancelledError:

@@ -57,6 +57,7 @@ from typing import Any, Mapping, Sequence
 import grpc
 
 from execgate.server import policy_codec as codec
+from execgate.server import protocol as p
 from execgate.server.decision_cache import CachedAudit, DecisionCache, Hit
 from execgate.server.metrics import ClientMetrics, describe_answer, describe_failure, trace_metadata
 from execgate.server.policy import Decision, ExecFacts, Execution, PolicyError, PreparedExec, SessionContext
@@ -99,6 +100,8 @@ _CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_send_message_length", p.GRPC_MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", p.GRPC_MAX_MESSAGE_BYTES),
 )
 
 

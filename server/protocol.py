@@ -148,6 +148,13 @@ MAX_SANDBOX_ROOTS = 256
 #: gRPC strings carry each non-UTF-8 byte as the 4 characters ``\xNN`` (``policy_codec.wire_text``),
 #: so the policy service allows byte sizes this many times the bounds above.
 GRPC_TEXT_EXPANSION = 4
+#: Largest gRPC message either side of the policy hop accepts (gRPC's default is 4 MiB): a
+#: DetermineAction may carry argv and env at their bounds times the text expansion (~8 MiB), a
+#: cached decision argv at its bound (~4 MiB); both must fit, or a request would be refused and
+#: a cache hit could not reach the audit log.
+GRPC_MAX_MESSAGE_BYTES = 16 << 20
+#: Most bytes (estimated) of cached decisions sent in one RecordCachedDecisions call.
+CACHED_AUDIT_BATCH_BYTES = 4 << 20
 
 #: Exit status printed by wrappers for a Deny (docs/DESIGN.md §2 step 7).
 DENY_EXIT_CODE = 1

@@ -18,6 +18,7 @@ root and as an unprivileged account):
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -125,7 +126,7 @@ def test_cache_hits_run_without_the_wrapper() -> None:
 
 
 def test_long_and_non_utf8_arguments_go_through_the_query_intact(tmp_path: Path) -> None:
-    """The shim writes its request in 2 KiB pieces with the target fd on the first: a 20 KB
+    """The shim writes its request in 512-byte pieces with the target fd on the first: a 20 KB
     argument, and bytes that are not UTF-8 (sent as ``\\udcXX``), reach the program unchanged
     on a cache hit as on the first, decided exec."""
     audit = tmp_path / "audit.jsonl"
@@ -144,3 +145,127 @@ def test_long_and_non_utf8_arguments_go_through_the_query_intact(tmp_path: Path)
     assert len(wrapped) == 1, wrapped
     echoes = [json.loads(line) for line in audit.read_text().splitlines() if '"/bin/echo"' in line]
     assert sorted(r["cached"] for r in echoes) == [False] + [True] * 5, echoes
+
+
+SPAWN_WITH_ACTIONS = r"""
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <sys/wait.h>
+extern char **environ;
+/* Warm the cache with two spawns of ./ok, then spawn "./ok" with a file action that makes the
+ * child's "./ok" another file: a chdir into d2 (where ok is the marker), or /dev/fd/5 after a
+ * dup2 of the marker's fd onto 5. */
+static void spawn(const char *path, posix_spawn_file_actions_t *fa) {
+    char *av[] = {"./ok", NULL}; pid_t pid; int st;
+    int r = posix_spawn(&pid, path, fa, NULL, av, environ);
+    if (r) { printf("spawn error %d\n", r); return; }
+    waitpid(pid, &st, 0);
+    printf("status %d\n", WEXITSTATUS(st));
+}
+int main(void) {
+    posix_spawn_file_actions_t fa;
+    spawn("./ok", NULL); spawn("./ok", NULL);
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addchdir_np(&fa, "d2");
+    spawn("./ok", &fa);
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, open("d2/ok", O_RDONLY), 5);
+    spawn("./ok", NULL);
+    spawn("/dev/fd/5", &fa);
+    return 0;
+}
+"""
+
+TINY_STACK = r"""
+#define _GNU_SOURCE
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+extern char **environ;
+/* execve through the shim on a clone(CLONE_VM|CLONE_VFORK) child's 8 KiB stack (a guard page
+ * below it), after a first exec has put /bin/true in the cache. */
+static int child(void *unused) { char *av[] = {"/bin/true", NULL}; execve("/bin/true", av, environ); _exit(42); }
+int main(void) {
+    size_t size = 8 * 1024;
+    for (int i = 0; i < 3; i++) {
+        char *m = mmap(NULL, size + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        mprotect(m, 4096, PROT_NONE);
+        int st;
+        pid_t p = clone(child, m + 4096 + size, CLONE_VM | CLONE_VFORK | SIGCHLD, NULL);
+        waitpid(p, &st, 0);
+        printf("%s\n", WIFSIGNALED(st) ? "signal" : WEXITSTATUS(st) == 0 ? "ok" : "failed");
+    }
+    return 0;
+}
+"""
+
+
+def _cc(source: str, out: Path) -> Path:
+    (out.parent / (out.name + ".c")).write_text(source)
+    subprocess.run(["gcc", "-O2", "-o", str(out), str(out.parent / (out.name + ".c"))], check=True)
+    return out
+
+
+@pytest.mark.parametrize("seccomp", ["off", "on"])
+def test_posix_spawn_with_file_actions_is_asked_about_by_the_wrapper(attacker: Attacker, seccomp: str) -> None:
+    """A cached Run for ``./ok`` must not cover a ``posix_spawn`` of ``./ok`` whose file actions
+    (a chdir, a dup2 under /dev/fd/N) make the child's path another file: the shim leaves such a
+    spawn to the wrapper, which resolves the path in the child. With the backstop off, the
+    previous code ran the marker twice and audited it as a cached Run of ./ok."""
+    work = attacker.workdir()
+    _cc(SPAWN_WITH_ACTIONS, work / "spawner")
+    (work / "d2").mkdir()
+    attacker.marker_program(work / "d2", "ok")
+    shutil.copy("/bin/true", work / "ok")
+    os.chown(work / "d2", attacker.uid, attacker.gid)
+    for name in ("ok", "spawner", "d2/ok"):
+        os.chown(work / name, attacker.uid, attacker.gid)
+    rules = work / "rules.toml"
+    rules.write_text('[[rule]]\nid = "no-marker"\nprogram = "' + str(work / "d2" / "ok") + '"\n'
+                     'decision = "deny"\njustification = "the marker must never run"\n'
+                     '[[rule]]\nid = "no-fd-paths"\nprogram = "/dev/fd/5"\ndecision = "deny"\n'
+                     'justification = "not by fd"\n')
+    audit = work / "audit.jsonl"
+    done = attacker.execgate("run", "-q", "--sandbox", "bwrap", "--seccomp", seccomp, "--rules", str(rules),
+                             "--audit-log", str(audit), "--cwd", str(work), "--", "./spawner; echo end", cwd=work)
+    out = done.stdout + done.stderr
+    assert "end" in done.stdout, out
+    assert not attacker.marker_ran("ok"), out
+    assert "MARKER" not in done.stdout, out
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    oks = [r for r in records if r["program"] == str(work / "ok")]
+    assert len(oks) == 3 and all(r["decision"] == "run" for r in oks), records  # the three plain spawns
+
+
+def test_a_clone_child_with_a_small_stack_can_exec_through_the_query(tmp_path: Path) -> None:
+    """The shim's query runs on the caller's stack, which may be a clone child's few KiB: an 8 KiB
+    stack is enough, as it is for the wrapper's way (the first version needed 10 KiB)."""
+    _cc(TINY_STACK, tmp_path / "tiny")
+    done = subprocess.run([sys.executable, "-m", "execgate.server.cli", "run", "-q", "--sandbox", "none",
+                           "--cwd", str(tmp_path), "--", "/bin/true; ./tiny"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.stdout.split() == ["ok", "ok", "ok"], done.stdout + done.stderr
+
+
+def test_large_cache_hits_all_reach_the_audit_log(tmp_path: Path) -> None:
+    """Cache hits are audited in batches: hits with ~1 MB argvs (4 MiB and more together, gRPC's
+    default message limit) used to make the whole batch fail, three times, and be dropped — the
+    next small exec of the same window with it. Every exec must have its audit line."""
+    audit = tmp_path / "audit.jsonl"
+    script = ('big=$(head -c 120000 /dev/zero | tr "\\0" x); /bin/echo warm > /dev/null; sleep 0.6; '
+              'for i in 1 2 3 4 5 6 7; do /bin/true $big $big $big $big $big $big $big $big; done; '
+              '/bin/echo SMALL-EXEC; sleep 1.5; echo done')
+    done = subprocess.run([sys.executable, "-m", "execgate.server.cli", "run", "-q", "--sandbox", "none",
+                           "--audit-log", str(audit), "--cwd", str(tmp_path), "--", script],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0 and "SMALL-EXEC" in done.stdout, done.stdout + done.stderr
+    assert "will not be in the audit log" not in done.stderr and "RESOURCE_EXHAUSTED" not in done.stderr, done.stderr
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    trues = [r for r in records if r["program"] == "/bin/true"]
+    assert len(trues) == 7 and sum(r["cached"] for r in trues) == 6, [(r["program"], r["cached"]) for r in records]
+    assert any(r["program"] == "/bin/echo" and r["argv"] == ["/bin/echo", "SMALL-EXEC"] for r in records), records

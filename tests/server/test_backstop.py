@@ -94,3 +94,23 @@ def test_an_approved_exec_is_undecided_once_and_only_before_its_deadline(monkeyp
     assert not b._undecided(36, _exe(36, 20, (5, 6), [b"x"]))
     b.expect(20, "/bin/x", ["x"], None, child=True)  # an unidentified file is never expected
     assert not b._undecided(37, _exe(37, 20, (5, 6), [b"x"]))
+
+
+def test_approvals_do_not_keep_the_argvs_a_session_sends() -> None:
+    """A session can get an approval per distinct argv (the cache's program scope keys on argv[0]
+    alone, so one cached Run covers any arguments): 200 approvals with 1 MB argvs each must not
+    make the server hold 200 MB (the first version kept every argv until the table was full)."""
+    import tracemalloc
+
+    b = _matcher()
+    big = "x" * 1_000_000
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(200):
+            b.expect(20, "/bin/true", ["/bin/true", big + str(i)], (5, 6), child=True)
+            b.expect(20 + i, "/bin/true", ["/bin/true", big + str(i)], (5, 6))
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 2_000_000, f"{held} bytes held for 400 approvals"

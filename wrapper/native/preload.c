@@ -551,7 +551,7 @@ static int eg_exec_wrapper(const char *file, char *const argv[], char *const env
 struct eg_frame_out {
     int fd, attach, failed;
     size_t len;
-    char buf[2048];
+    char buf[512];
 };
 
 static void eg_frame_flush(struct eg_frame_out *o)
@@ -635,10 +635,13 @@ static int eg_read_exact(int fd, char *p, size_t n)
  * exec by this process or by a child it spawns (KIND: EG_QUERY_SELF, EG_QUERY_CHILD). 1 when the
  * answer is exactly Run; 0 for anything else (Undecided, a broken or closed stream, no session
  * socket), with nothing left open. */
-static int eg_query_cache(const char *path, char *const argv[], int target, int kind)
+__attribute__((noinline)) static int eg_query_cache(const char *path, char *const argv[], int target,
+                                                    int kind)
 {
     static const char run[] = "{\"action\":\"Run\"}";
-    char cwd[PATH_MAX], reply[sizeof run];
+    /* Small buffers: this may run on a vfork or clone child's stack. A working directory longer
+     * than the buffer (getcwd: ERANGE) goes the wrapper's way. */
+    char cwd[1024], reply[sizeof run];
     unsigned char head[4];
     size_t total = 0;
     if (eg_sock_fd < 0 || !eg_socket_fd_valid((int)eg_sock_fd, eg_sock_id) ||
@@ -665,28 +668,15 @@ static int eg_query_cache(const char *path, char *const argv[], int target, int 
     return ok;
 }
 
-/*
- * The shim decides in the calling process when the server's decision cache covers this exec
- * (docs/DESIGN.md §9): a cached-only query, and on Run the program is executed here — no second
- * exec of the wrapper. As the wrapper does (wrapper.c run_in_place): the very file the server
- * identified, execveat(fd, "", AT_EMPTY_PATH) by the raw syscall, or for a "#!" script (HASHBANG)
- * by path after checking that the path still names that file. Returns 0 when the cache did not
- * answer Run (the caller execs the wrapper, which asks with a full request), -1 (errno set) when
- * the approved exec failed, as execve would.
- */
-static int eg_cached_run(const char *path, char *const argv[], char *const envp[], int hashbang)
+/* Execute the approved TARGET (PATH opened O_PATH) as the wrapper would; returns -1 (errno set)
+ * when that fails. Kept apart from the query, so that the two never need their stack at once. */
+__attribute__((noinline)) static int eg_exec_approved(const char *path, char *const argv[],
+                                                      char *const envp[], int target, int hashbang)
 {
     size_t envc = eg_count(envp), pcap = eg_preload_cap(envp);
     char *nenv[envc + EG_SAVED_MAX + EG_NFORCED + 4];
     char pbuf[pcap];
     struct stat a, b;
-    int err, target = open(path, O_PATH | O_CLOEXEC);
-    if (target < 0)
-        return 0;
-    if (!eg_query_cache(path, argv, target, EG_QUERY_SELF)) {
-        close(target);
-        return 0;
-    }
     eg_env_build(nenv, envp, pbuf, pcap, 0);
     if (!hashbang)
         syscall(SYS_execveat, target, "", argv, nenv, AT_EMPTY_PATH);
@@ -701,6 +691,28 @@ static int eg_cached_run(const char *path, char *const argv[], char *const envp[
             errno = EACCES;
         }
     }
+    return -1;
+}
+
+/*
+ * The shim decides in the calling process when the server's decision cache covers this exec
+ * (docs/DESIGN.md §9): a cached-only query, and on Run the program is executed here — no second
+ * exec of the wrapper. As the wrapper does (wrapper.c run_in_place): the very file the server
+ * identified, execveat(fd, "", AT_EMPTY_PATH) by the raw syscall, or for a "#!" script (HASHBANG)
+ * by path after checking that the path still names that file. Returns 0 when the cache did not
+ * answer Run (the caller execs the wrapper, which asks with a full request), -1 (errno set) when
+ * the approved exec failed, as execve would.
+ */
+static int eg_cached_run(const char *path, char *const argv[], char *const envp[], int hashbang)
+{
+    int err, target = open(path, O_PATH | O_CLOEXEC);
+    if (target < 0)
+        return 0;
+    if (!eg_query_cache(path, argv, target, EG_QUERY_SELF)) {
+        close(target);
+        return 0;
+    }
+    eg_exec_approved(path, argv, envp, target, hashbang);
     err = errno;
     close(target);
     errno = err;
@@ -847,10 +859,12 @@ static int eg_spawn_gated(pid_t *pid, const char *path, const posix_spawn_file_a
         eg_complain("exec depth limit reached, refusing to spawn ", path, ELOOP);
         return EACCES;
     }
-    if (eg_cached_query) {
+    if (eg_cached_query && (fa == NULL || fa->__used == 0)) {
         /* The cache's Run for an exec by the child (DESIGN.md §9): spawned by path, with the
          * environment it would get through the wrapper; the backstop checks that the child's
-         * exec is of the very file the server identified here. */
+         * exec is of the very file the server identified here. Only without file actions
+         * (glibc's public __used count; their contents are opaque): a chdir or dup2 in the
+         * child would make PATH name another file there than the one asked about here. */
         int target = open(path, O_PATH | O_CLOEXEC), ran = 0;
         if (target >= 0) {
             ran = eg_query_cache(path, argv, target, EG_QUERY_CHILD);
