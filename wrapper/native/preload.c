@@ -608,22 +608,8 @@ static void eg_frame_put(void *ctx, const char *s, size_t n)
 /* Read exactly N bytes from stream FD (closing any fd that rides along); 0, or -1. */
 static int eg_read_exact(int fd, char *p, size_t n)
 {
-    size_t got = 0;
-    while (got < n) {
-        union {
-            char buf[CMSG_SPACE(sizeof(int) * 4)];
-            struct cmsghdr align;
-        } ctl;
-        struct iovec iov = {p + got, n - got};
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
-                             .msg_controllen = sizeof ctl.buf};
-        ssize_t r = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-        if (r < 0 && errno == EINTR)
-            continue;
-        for (struct cmsghdr *c = r > 0 ? CMSG_FIRSTHDR(&msg) : NULL; c != NULL; c = CMSG_NXTHDR(&msg, c))
-            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-                for (size_t k = 0; k < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); k++)
-                    close(((int *)CMSG_DATA(c))[k]);
+    for (size_t got = 0; got < n;) {
+        ssize_t r = eg_recv_some(fd, p + got, n - got);
         if (r <= 0)
             return -1;
         got += (size_t)r;

@@ -195,4 +195,26 @@ static inline int eg_handshake(int dgram)
     return sv[0];
 }
 
+/* One recvmsg of at most N bytes into P from stream FD, EINTR retried; every fd that rides along
+ * is closed (the server sends none; a peer's must not pile up). Returns recvmsg's result. */
+static inline ssize_t eg_recv_some(int fd, char *p, size_t n)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * 16)];
+        struct cmsghdr align;
+    } ctl;
+    struct iovec iov = {p, n};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                         .msg_controllen = sizeof ctl.buf};
+    ssize_t r;
+    do
+        r = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    while (r < 0 && errno == EINTR);
+    for (struct cmsghdr *c = r >= 0 ? CMSG_FIRSTHDR(&msg) : NULL; c != NULL; c = CMSG_NXTHDR(&msg, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+            for (size_t k = 0; k < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); k++)
+                close(((int *)CMSG_DATA(c))[k]);
+    return r;
+}
+
 #endif /* EXECGATE_REQUEST_H */

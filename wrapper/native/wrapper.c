@@ -50,7 +50,6 @@
 #include "request.h"
 
 #define MAX_FRAME_BYTES EG_MAX_FRAME_BYTES
-#define MAX_FDS_RECEIVED 16
 #define EXIT_FAILURE_GATE 126
 #define EXIT_DENIED 1
 #define JSON_MAX_DEPTH 64
@@ -422,24 +421,10 @@ static void send_frame(int fd, const char *json, size_t n, const int *fds, int n
  * Returns 0, or -1 on EOF before the first byte. */
 static int recv_exact(int fd, char *p, size_t n)
 {
-    size_t got = 0;
-    while (got < n) {
-        union {
-            char buf[CMSG_SPACE(sizeof(int) * MAX_FDS_RECEIVED)];
-            struct cmsghdr align;
-        } ctl;
-        struct iovec iov = {p + got, n - got};
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
-                             .msg_controllen = sizeof ctl.buf};
-        ssize_t r = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-        if (r < 0 && errno == EINTR)
-            continue;
+    for (size_t got = 0; got < n;) {
+        ssize_t r = eg_recv_some(fd, p + got, n - got);
         if (r < 0)
             die(EXIT_FAILURE_GATE, "cannot read from the escalation server: %s", strerror(errno));
-        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c))
-            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-                for (size_t k = 0; k < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); k++)
-                    close(((int *)CMSG_DATA(c))[k]);
         if (r == 0) {
             if (got == 0)
                 return -1;
