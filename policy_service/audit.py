@@ -4,7 +4,9 @@ Each line is a JSON object with the keys of :class:`AuditRecord`: ``time`` (RFC 
 ``decision_id``, ``session_id``, ``labels``, ``program``, ``argv``, ``workdir``, ``decision``
 (run / escalate / deny), ``rule_id``, ``reason``, ``approver``, ``latency_ms``, ``error``,
 ``file_kind`` (the file's tags, e.g. ``["elf64", "static"]``; null when the server learnt
-nothing), ``children_unseen`` (true: what the program execs is not seen; null: unknown) and
+nothing), ``children_unseen`` (true: what the program execs is not seen; null: unknown),
+``real_path`` (the file that runs, as the server identified it in the caller's view, symlinks
+resolved: it may differ from ``program``, the name the caller gave; null when not identified) and
 ``cached`` (true when the escalation server answered from its decision cache, docs/DESIGN.md §9;
 such a line also has ``cached_from``, the decision id of the answer the entry came from, and
 ``cache_verified``: true when this service issued that answer, as cacheable, for the same key
@@ -45,6 +47,8 @@ class AuditRecord:
         error: True when the decision is a denial caused by a failure rather than by policy.
         file_kind: the file's tags (:func:`execgate.server.fileinfo.kinds`), None if unknown.
         children_unseen: True if the program's own execs are not seen; None if unknown.
+        real_path: the identified file's path in the caller's view
+            (:attr:`execgate.server.policy.FileIdentity.real_path`), None if not identified.
         time: when the decision was made (UTC).
         cached: True when the escalation server answered from its decision cache.
         cached_from: for a cached line, the decision id of the answer the cache entry came from.
@@ -65,6 +69,7 @@ class AuditRecord:
     error: bool = False
     file_kind: Sequence[str] | None = None
     children_unseen: bool | None = None
+    real_path: str | None = None
     time: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))
     cached: bool = False
     cached_from: str = ""

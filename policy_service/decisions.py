@@ -252,6 +252,7 @@ class DecisionService:
                 reason=decision.reason or "", approver="", latency_ms=item.latency_ms, error=False,
                 file_kind=None if item.facts is None or item.facts.file is None else tuple(sorted(item.facts.kinds)),
                 children_unseen=None if item.facts is None else item.facts.children_unseen,
+                real_path=_real_path(item.facts),
                 time=dt.datetime.fromtimestamp(when, dt.timezone.utc),
                 cached=True, cached_from=item.cached_from, cache_verified=self._verified(item),
             )
@@ -384,6 +385,7 @@ class DecisionService:
             approver=approver, latency_ms=latency_ms, error=decision.error,
             file_kind=None if facts is None or facts.file is None else tuple(sorted(facts.kinds)),
             children_unseen=None if facts is None else facts.children_unseen,
+            real_path=_real_path(facts),
         )
 
     def prepare(
@@ -557,3 +559,9 @@ def _profile(execution: Execution, session: SessionContext, workdir: str) -> Per
     if execution.kind == "session_default":
         return box
     return None
+
+
+def _real_path(facts: ExecFacts | None) -> str | None:
+    """The identified file's path for the audit line (None when the server identified none)."""
+    identity = None if facts is None else facts.identity
+    return None if identity is None else identity.real_path

@@ -269,3 +269,18 @@ def test_large_cache_hits_all_reach_the_audit_log(tmp_path: Path) -> None:
     trues = [r for r in records if r["program"] == "/bin/true"]
     assert len(trues) == 7 and sum(r["cached"] for r in trues) == 6, [(r["program"], r["cached"]) for r in records]
     assert any(r["program"] == "/bin/echo" and r["argv"] == ["/bin/echo", "SMALL-EXEC"] for r in records), records
+
+
+def test_the_audit_line_names_the_file_that_runs(attacker: Attacker) -> None:
+    """A request names one program and attaches the fd of another file (the wrapper's extension:
+    the fd is what runs): the decision is made on the file the fd is, and the audit line's
+    ``real_path`` says which file that was, whatever ``program`` the caller claimed."""
+    py = sys.executable
+    script = f"cp /bin/true ./copy; {py} q.py ask-other /usr/bin/ls ./copy ls -l; ln -sf /bin/true ./t; ./t"
+    done, records = _session(attacker, script, "--sandbox", "bwrap")
+    assert "ANSWER /usr/bin/ls Run" in done.stdout, done.stdout + done.stderr
+    work = attacker.workdir()
+    claimed = [r for r in records if r["program"] == "/usr/bin/ls"]
+    assert [r["real_path"] for r in claimed] == [str(work / "copy")], records
+    linked = [r for r in records if r["program"] == str(work / "t")]
+    assert [r["real_path"] for r in linked] == [os.path.realpath("/bin/true")], records

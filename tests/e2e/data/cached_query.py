@@ -11,6 +11,8 @@ Usage:
     python3 cached_query.py query-exec FILE ARGV0 [ARGV1 ...] -- OTHER
         (query FILE; on Run, execve OTHER with the approved argv instead, by the raw system
         call, past the shim; prints ``EXEC <errno name>`` if that fails)
+    python3 cached_query.py ask-other FILE OTHER ARGV0 [ARGV1 ...]
+        (a full request, not cached-only, naming FILE with the fd of OTHER attached)
     python3 cached_query.py query-child-exec FILE ARGV0 [ARGV1 ...] -- OTHER
         (the same for an exec by a child, as the shim's posix_spawn asks: a forked child
         execs OTHER; prints ``CHILD <status>``)
@@ -29,15 +31,18 @@ import sys
 SYS_EXECVE = 59  # x86_64
 
 
-def query(file: str, argv: list[str], child: bool = False) -> tuple[str, int]:
-    """The action the server answers a cached-only query for FILE; and the O_PATH fd sent."""
+def query(file: str, argv: list[str], child: bool = False, opened: str | None = None,
+          cached_only: bool = True) -> tuple[str, int]:
+    """The action the server answers a cached-only query (or a full request) for FILE, with the
+    O_PATH fd of OPENED (default FILE) attached; and that fd."""
     dgram = socket.socket(fileno=os.dup(int(os.environ["CODEX_ESCALATE_SOCKET"])))
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     dgram.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", theirs.fileno()))])
     theirs.close()
-    target = os.open(file, os.O_PATH | os.O_CLOEXEC)
+    target = os.open(opened or file, os.O_PATH | os.O_CLOEXEC)
     body = json.dumps({"file": file, "argv": argv, "workdir": os.getcwd(), "env": {},
-                       "execgate_target_fd": True, "execgate_cached_only": True,
+                       "execgate_target_fd": True,
+                       **({"execgate_cached_only": True} if cached_only else {}),
                        **({"execgate_cached_for_child": True} if child else {})}).encode()
     frame = struct.pack("<I", len(body)) + body
     mine.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", target))])
@@ -52,6 +57,10 @@ def query(file: str, argv: list[str], child: bool = False) -> tuple[str, int]:
 def main() -> int:
     mode, rest = sys.argv[1], sys.argv[2:]
     other = None
+    if mode == "ask-other":
+        action, _target = query(rest[0], rest[2:], opened=rest[1], cached_only=False)
+        print(f"ANSWER {rest[0]} {action}", flush=True)
+        return 0
     if mode in ("query-exec", "query-child-exec"):
         cut = rest.index("--")
         rest, other = rest[:cut], rest[cut + 1]
