@@ -14,7 +14,8 @@ the script's status.
 Start-up time is paid by every run (BENCHMARKS.md, cold start): gRPC, protobuf, prometheus_client
 and OpenTelemetry are imported only on the paths that use them; the seccomp backstop's probe and
 the containment's (each waiting on child processes) run in a thread from the start
-(:class:`_Probes`) while asyncio and the rest are imported.
+(:class:`_Probes`) while asyncio and the rest are imported; and the process ends with
+``os._exit`` once everything it opened is closed (:func:`execgate.server.cli.main`).
 
 How the policy service is reached, its credentials and prompts without a sandbox:
 :mod:`execgate.server.run_policy`. The script's stdin, stdout and stderr — passed through, or a pty
@@ -124,7 +125,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     from execgate.server import telemetry
 
     telemetry.add_options(parser, service_name="execgate-run")
-    parser.set_defaults(func=main)
+    parser.set_defaults(func=main, exit_now=True)  # execgate.server.cli.main: nothing is left open at its end
 
 
 def _seconds_or_zero(text: str) -> float:
