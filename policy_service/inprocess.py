@@ -26,7 +26,8 @@ What stays the same as through gRPC (docs/DESIGN.md §4, §8):
 What is not here: the decision cache (a decision costs a rules evaluation here, no round trip to
 save) and the ``Approvals`` endpoint, the metrics and the RPC spans. ``execgate run`` uses the
 gRPC embedded service (:func:`execgate.policy_service.server.serve_embedded`) instead when
-``--approver-wait``, ``--metrics`` or tracing asks for them (:mod:`execgate.server.run_policy`).
+``--approver-wait``, ``--metrics``, tracing or ``--cache-ttl`` asks for them
+(:mod:`execgate.server.run_policy`).
 """
 
 from __future__ import annotations

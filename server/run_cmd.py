@@ -5,7 +5,8 @@ an ``EXEC_WRAPPER``-honouring shell); choose the sandbox (bubblewrap or none) an
 (a cgroup per session, else this process as child subreaper: :mod:`.containment`); reach a policy
 service — a running one (``--policy``) through the gRPC client, or the embedded one, deciding in
 this process (:mod:`execgate.policy_service.inprocess`; on a private Unix socket behind the same
-gRPC client only when ``--approver-wait``, ``--metrics`` or tracing needs its gRPC side); then
+gRPC client only when ``--approver-wait``, ``--metrics``, tracing or ``--cache-ttl`` needs its
+gRPC side); then
 :meth:`EscalateServer.exec` with the output streamed live through a
 back-pressured writer that holds none of it (or, with ``--json``, captured up to ``--max-capture``
 bytes per stream and printed as JSON; :mod:`execgate.server.output`). ``execgate run`` exits with
@@ -111,9 +112,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--approval-timeout", metavar="SECONDS", type=_seconds, default=60.0,
                         help="seconds a prompt of the embedded service waits for an answer (default 60)")
     parser.add_argument("--cache-ttl", metavar="SECONDS", type=_seconds_or_zero, default=None,
-                        help="seconds the embedded service lets a Run or Deny of its rules be reused for the "
-                             "same program and file (the decision cache; each reuse is still audited); 0 "
-                             "disables (default 60)")
+                        help="reach the embedded service over gRPC with the decision cache: seconds a Run or "
+                             "Deny of its rules is reused for the same program and file (each reuse is still "
+                             "audited); 0: gRPC, no cache. Without it the embedded service decides in process "
+                             "and caches nothing")
     parser.add_argument("--json", action="store_true",
                         help="print the result (exit_code, stdout, stderr, output, duration, timed_out, truncated) "
                              "as JSON instead of streaming")

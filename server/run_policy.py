@@ -3,7 +3,7 @@
 Either a running one (``--policy``, with ``--token-file`` and the ``--tls*`` files, which the
 session's sandbox covers: :func:`policy_credentials`) or the embedded one. The embedded one decides
 in this process (:func:`in_process_policy`, :mod:`execgate.policy_service.inprocess`: no endpoint)
-unless ``--approver-wait``, ``--metrics`` or tracing needs its gRPC side
+unless ``--approver-wait``, ``--metrics``, tracing or ``--cache-ttl`` (the decision cache) needs its gRPC side
 (:func:`decides_in_process`); then it runs on a private Unix socket (:func:`policy_address`),
 reached through the gRPC client. That decision endpoint needs a per-run token held only in this
 process's memory, and the process makes itself non-dumpable (``PR_SET_DUMPABLE`` 0, prctl(2)) so
@@ -148,9 +148,10 @@ def decides_in_process(args: argparse.Namespace, *, metrics: bool = False, traci
     """Whether ``execgate run`` decides in this process (:mod:`execgate.policy_service.inprocess`):
     the embedded service (no ``--policy``) when nothing needs its gRPC side — no approvals
     endpoint (``--approver-wait``), no ``--metrics`` endpoint (``metrics``), no tracing
-    (``tracing``). Otherwise the embedded service runs on its private Unix socket
+    (``tracing``), no decision cache (``--cache-ttl``). Otherwise the embedded service runs on its private Unix socket
     (:func:`policy_address`) and is reached through the gRPC client, as a remote one is."""
-    return not args.policy and args.approver_wait is None and not metrics and not tracing
+    return (not args.policy and args.approver_wait is None and getattr(args, "cache_ttl", None) is None
+            and not metrics and not tracing)
 
 
 @contextlib.asynccontextmanager
