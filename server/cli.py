@@ -62,13 +62,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     the interpreter's own teardown (module clean-up, garbage collection) was ~30 ms of every
     ``execgate run`` (BENCHMARKS.md, cold start). Called with an ``argv``, it always returns.
     """
+    import gc
+
     console = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(argv)
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # argparse would report these with the top-level usage; name the sub-command's
-        _innermost(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
-    status = int(args.func(args) or 0)
+    # Start-up makes tens of thousands of objects that all live on (modules, classes, the parser):
+    # the cyclic collector would walk them again and again (~10 ms of each execgate run). It is
+    # off until the command is set up: a command whose parser sets ``gc_later`` turns it back on
+    # itself (:func:`execgate.server.run_cmd.collect_from_now`), the others get it back here.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        parser = build_parser(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # argparse would report these with the top-level usage; name the sub-command's
+            _innermost(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+        if not getattr(args, "gc_later", False) and enabled:
+            gc.enable()
+        status = int(args.func(args) or 0)
+    finally:
+        if enabled:
+            gc.enable()
     if console and getattr(args, "exit_now", False):
         _exit_now(status)
     return status

@@ -127,7 +127,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     from execgate.server import telemetry
 
     telemetry.add_options(parser, service_name="execgate-run")
-    parser.set_defaults(func=main, exit_now=True)  # execgate.server.cli.main: nothing is left open at its end
+    # execgate.server.cli.main: nothing is left open at its end (exit_now); the cyclic garbage
+    # collector stays off through the set-up until collect_from_now (gc_later).
+    parser.set_defaults(func=main, exit_now=True, gc_later=True)
 
 
 def _seconds_or_zero(text: str) -> float:
@@ -178,6 +180,18 @@ def main(args: argparse.Namespace) -> int:
         return SETUP_FAILED
     except KeyboardInterrupt:
         return 130
+
+
+def collect_from_now() -> None:
+    """Turn the cyclic garbage collector back on (:func:`execgate.server.cli.main` keeps it off
+    through the set-up) once everything the run keeps is made: what exists now is frozen
+    (``gc.freeze``: never walked again, it lives as long as the run) and a session of hours
+    collects its own garbage as usual."""
+    import gc
+
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
 
 
 def script_text(words: list[str]) -> str:
@@ -503,6 +517,7 @@ async def _exec_script(args: argparse.Namespace, plan: _Plan, policy: object, st
     # Streaming holds nothing (max_capture 0): chunks go straight to our stdout/stderr (or the
     # pty's to the terminal), through one pipe when those are one terminal or file (`2>&1`).
     cap = (DEFAULT_MAX_CAPTURE if args.max_capture is None else args.max_capture) if args.json else 0
+    collect_from_now()
     result = await server.exec(
         script_text(args.script), plan.workdir, timeout_s=args.timeout, login=args.login,
         env={**os.environ, **plan.home.env},  # type: ignore[attr-defined]
