@@ -167,6 +167,7 @@ def main(args: argparse.Namespace) -> int:
     for handler in logging.getLogger().handlers:  # a session could flood it, or draw on it
         handler.addFilter(RepeatLimit())
         handler.setFormatter(VisibleFormatter("execgate: %(levelname)s: %(message)s"))
+    probes: _Probes | None = None
     try:
         probes = _Probes(args)  # first: they wait on child processes while the rest is imported
         import asyncio
@@ -180,6 +181,9 @@ def main(args: argparse.Namespace) -> int:
         return SETUP_FAILED
     except KeyboardInterrupt:
         return 130
+    finally:
+        if probes is not None:  # a run that stopped early: a cgroup being made gets its supervisor
+            probes.settle()
 
 
 def collect_from_now() -> None:
@@ -296,6 +300,11 @@ class _Probes:
                 self._results[name] = (True, job(mode))
             except BaseException as exc:  # noqa: BLE001 - handed to the caller of get()
                 self._results[name] = (False, exc)
+
+    def settle(self) -> None:
+        """Wait until the probes are done (a cgroup they made has its supervisor by then, which
+        removes it when this process exits)."""
+        self._thread.join()
 
     def get(self, name: str) -> object:
         self._thread.join()
