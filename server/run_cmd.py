@@ -6,16 +6,16 @@ an ``EXEC_WRAPPER``-honouring shell); choose the sandbox (bubblewrap or none) an
 service — a running one (``--policy``) through the gRPC client, or the embedded one, deciding in
 this process (:mod:`execgate.policy_service.inprocess`; on a private Unix socket behind the same
 gRPC client only when ``--approver-wait``, ``--metrics``, tracing or ``--cache-ttl`` needs its
-gRPC side); then
-:meth:`EscalateServer.exec` with the output streamed live through a
-back-pressured writer that holds none of it (or, with ``--json``, captured up to ``--max-capture``
+gRPC side); then :meth:`EscalateServer.exec` with the output streamed live through a back-pressured
+writer that holds none of it (or, with ``--json``, captured up to ``--max-capture``
 bytes per stream and printed as JSON; :mod:`execgate.server.output`). ``execgate run`` exits with
 the script's status.
 
 Start-up time is paid by every run (BENCHMARKS.md, cold start): gRPC, protobuf, prometheus_client
 and OpenTelemetry are imported only on the paths that use them; the seccomp backstop's probe and
 the containment's (each waiting on child processes) run in a thread from the start
-(:class:`_Probes`) while asyncio and the rest are imported; and the process ends with
+(:class:`_Probes`) while asyncio and the rest are imported; the cyclic garbage collector is off
+until the session's shell is spawned (:func:`collect_from_now`); and the process ends with
 ``os._exit`` once everything it opened is closed (:func:`execgate.server.cli.main`).
 
 How the policy service is reached, its credentials and prompts without a sandbox:
