@@ -1,7 +1,9 @@
 """Figures 8 and 9: the decision cache (issue 11, docs/DESIGN.md §9).
 
-8. The Run path with the cache (every exec after the first a hit: ``execgate run``'s default,
-   ``--cache-ttl 60``) and without (``--cache-ttl 0``: every exec a DetermineAction call), each as
+8. The Run path with the cache (every exec after the first a hit, ``--cache-ttl 60``) and
+   without (``--cache-ttl 0``: every exec a DetermineAction call), both through the gRPC client
+   (``--cache-ttl`` puts the embedded service behind it; without the option ``execgate run``
+   decides in process, figure 1), each as
    ms added per exec over plain bash, measured as figure 1 (a loop of ``/bin/true`` at N and at 0
    execs, medians of interleaved repeats, ``--sandbox none``, native wrapper, shipped rules).
 10. Figures 8 and 2 against a separate ``execgate policy serve`` process on a Unix socket

@@ -5,7 +5,9 @@
 ``grpc.health.v1.Health`` and server reflection. :func:`running_service` runs one listener for
 both services, or two — a decision endpoint and a separate approvals endpoint with its own
 credential (docs/DESIGN.md §8). :func:`serve_embedded` runs the service inside the caller's event
-loop for ``execgate run`` without ``--policy``.
+loop on private Unix sockets: for API callers, and for ``execgate run`` without ``--policy`` when
+``--approver-wait``, ``--metrics``, tracing or ``--cache-ttl`` needs the gRPC side (otherwise ``execgate run``
+decides in process, :mod:`execgate.policy_service.inprocess`).
 
 The embedded service's trust model (docs/DESIGN.md §8):
 

@@ -54,12 +54,54 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status.
+
+    From the console script (``argv`` None), a command that asks for it (``execgate run``, whose
+    parser sets ``exit_now``: everything it opened is closed by the time it returns) ends the
+    process at once with ``os._exit`` after flushing stdout, stderr and the logging handlers:
+    the interpreter's own teardown (module clean-up, garbage collection) was ~30 ms of every
+    ``execgate run`` (BENCHMARKS.md, cold start). Called with an ``argv``, it always returns.
+    """
+    import gc
+
+    console = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(argv)
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # argparse would report these with the top-level usage; name the sub-command's
-        _innermost(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
-    return int(args.func(args) or 0)
+    # Start-up makes tens of thousands of objects that all live on (modules, classes, the parser):
+    # the cyclic collector would walk them again and again (~10 ms of each execgate run). It is
+    # off until the command is set up: a command whose parser sets ``gc_later`` turns it back on
+    # itself (:func:`execgate.server.run_cmd.collect_from_now`), the others get it back here.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        parser = build_parser(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # argparse would report these with the top-level usage; name the sub-command's
+            _innermost(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+        if not getattr(args, "gc_later", False) and enabled:
+            gc.enable()
+        status = int(args.func(args) or 0)
+    finally:
+        if enabled:
+            gc.enable()
+    if console and getattr(args, "exit_now", False):
+        _exit_now(status)
+    return status
+
+
+def _exit_now(status: int) -> None:
+    """Flush what Python buffers (stdout, stderr, logging handlers), then ``os._exit(status)``;
+    returns instead if a flush fails (the normal exit then reports it as usual)."""
+    import logging
+    import os
+
+    try:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    except (OSError, ValueError):  # e.g. a closed pipe: leave it to the interpreter's own exit
+        return
+    os._exit(status)
 
 
 def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:

@@ -32,7 +32,6 @@ is reparented to init and survives. No later run can tell, so the mode's note sa
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import itertools
 import logging
@@ -122,6 +121,8 @@ class _CgroupScope(Scope):
         except OSError as exc:
             log.error("cannot kill cgroup %s: %s", self.path, exc)
             return
+        import asyncio  # here: execgate run starts the containment's probe before importing asyncio
+
         deadline = time.monotonic() + KILL_WAIT_S
         while _populated(self.path) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
@@ -402,6 +403,8 @@ async def sweep_orphans(exclude: set[int], timeout_s: float = KILL_WAIT_S) -> li
     A killed process's own children are reparented to us (we are the subreaper), so each round
     finds what the previous one orphaned.
     """
+    import asyncio
+
     me, killed = os.getpid(), set()
     deadline = time.monotonic() + timeout_s
     while True:

@@ -15,6 +15,7 @@ from typing import Sequence
 from execgate.server.fileinfo import FileInfo
 from execgate.server.policy import (NO_FACTS, CacheHint, Decision, ExecFacts, Execution, FileIdentity, Permissions,
                                     PreparedExec, SessionContext)
+from execgate.server.wiretext import restore_text, wire_text  # noqa: F401 - part of this module's API
 from execgate.v1 import policy_pb2 as pb
 
 
@@ -109,38 +110,6 @@ def session_from_pb(msg: pb.SessionContext) -> SessionContext:
         raise CodecError("session.session_id is empty")
     sandbox = permissions_from_pb(msg.sandbox) if msg.HasField("sandbox") else None
     return SessionContext(session_id=msg.session_id, labels=dict(msg.labels), sandbox=sandbox)
-
-
-def wire_text(text: str) -> str:
-    """``text`` as a proto ``string`` field can carry it.
-
-    Proto strings must be valid UTF-8, but a caller's paths, argv and env may hold any bytes; the
-    wire protocol carries those as surrogate escapes (:mod:`execgate.server.protocol`). Such bytes
-    are shown to the policy as ``\\xNN`` (Python's ``backslashreplace``); plain text is unchanged.
-    :func:`restore_text` maps the policy's answer back to the caller's exact bytes.
-    """
-    if text.isascii():  # per argv item on every decision: skip the encode for the common case
-        return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    return text
-
-
-def restore_text(prepared: PreparedExec, originals: Sequence[str]) -> PreparedExec:
-    """``prepared`` with every value equal to ``wire_text(x)`` of an original ``x`` (a string that
-    held non-UTF-8 bytes) replaced by ``x``, so that the escalated command gets the exact bytes."""
-    back = {wired: text for text in originals if (wired := wire_text(text)) != text}
-    if not back:
-        return prepared
-    fix = lambda value: back.get(value, value)  # noqa: E731
-    return PreparedExec(
-        command=tuple(map(fix, prepared.command)),
-        cwd=fix(prepared.cwd),
-        env={fix(k): fix(v) for k, v in prepared.env.items()},
-        arg0=None if prepared.arg0 is None else fix(prepared.arg0),
-    )
 
 
 def target_to_pb(program: str, argv: Sequence[str], workdir: str, facts: ExecFacts | None = None) -> pb.ExecTarget:

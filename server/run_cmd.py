@@ -3,11 +3,20 @@
 The pieces, in order: choose the wrapper (native or Python) and the interception (preload shim or
 an ``EXEC_WRAPPER``-honouring shell); choose the sandbox (bubblewrap or none) and the containment
 (a cgroup per session, else this process as child subreaper: :mod:`.containment`); reach a policy
-service — a running one (``--policy``) or an embedded one on a private Unix socket, through the
-same gRPC path; then :meth:`EscalateServer.exec` with the output streamed live through a
-back-pressured writer that holds none of it (or, with ``--json``, captured up to ``--max-capture``
+service — a running one (``--policy``) through the gRPC client, or the embedded one, deciding in
+this process (:mod:`execgate.policy_service.inprocess`; on a private Unix socket behind the same
+gRPC client only when ``--approver-wait``, ``--metrics``, tracing or ``--cache-ttl`` needs its
+gRPC side); then :meth:`EscalateServer.exec` with the output streamed live through a back-pressured
+writer that holds none of it (or, with ``--json``, captured up to ``--max-capture``
 bytes per stream and printed as JSON; :mod:`execgate.server.output`). ``execgate run`` exits with
 the script's status.
+
+Start-up time is paid by every run (BENCHMARKS.md, cold start): gRPC, protobuf, prometheus_client
+and OpenTelemetry are imported only on the paths that use them; the seccomp backstop's probe and
+the containment's (each waiting on child processes) run in a thread from the start
+(:class:`_Probes`) while asyncio and the rest are imported; the cyclic garbage collector is off
+until the session's shell is spawned (:func:`collect_from_now`); and the process ends with
+``os._exit`` once everything it opened is closed (:func:`execgate.server.cli.main`).
 
 How the policy service is reached, its credentials and prompts without a sandbox:
 :mod:`execgate.server.run_policy`. The script's stdin, stdout and stderr — passed through, or a pty
@@ -18,15 +27,17 @@ of its own at a terminal, where execgate itself asks the embedded service's prom
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import math
 import os
 import shutil
 import signal
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+# asyncio is imported where it is used: a cold start imports it while the probes run (_Probes).
 
 
 #: Status of `execgate run` itself when it cannot start (bad option, bad rules, no sandbox).
@@ -101,9 +112,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--approval-timeout", metavar="SECONDS", type=_seconds, default=60.0,
                         help="seconds a prompt of the embedded service waits for an answer (default 60)")
     parser.add_argument("--cache-ttl", metavar="SECONDS", type=_seconds_or_zero, default=None,
-                        help="seconds the embedded service lets a Run or Deny of its rules be reused for the "
-                             "same program and file (the decision cache; each reuse is still audited); 0 "
-                             "disables (default 60)")
+                        help="reach the embedded service over gRPC with the decision cache: seconds a Run or "
+                             "Deny of its rules is reused for the same program and file (each reuse is still "
+                             "audited); 0: gRPC, no cache. Without it the embedded service decides in process "
+                             "and caches nothing")
     parser.add_argument("--json", action="store_true",
                         help="print the result (exit_code, stdout, stderr, output, duration, timed_out, truncated) "
                              "as JSON instead of streaming")
@@ -115,7 +127,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     from execgate.server import telemetry
 
     telemetry.add_options(parser, service_name="execgate-run")
-    parser.set_defaults(func=main)
+    # execgate.server.cli.main: nothing is left open at its end (exit_now); the cyclic garbage
+    # collector stays off through the set-up until collect_from_now (gc_later).
+    parser.set_defaults(func=main, exit_now=True, gc_later=True)
 
 
 def _seconds_or_zero(text: str) -> float:
@@ -153,16 +167,35 @@ def main(args: argparse.Namespace) -> int:
     for handler in logging.getLogger().handlers:  # a session could flood it, or draw on it
         handler.addFilter(RepeatLimit())
         handler.setFormatter(VisibleFormatter("execgate: %(levelname)s: %(message)s"))
+    probes: _Probes | None = None
     try:
+        probes = _Probes(args)  # first: they wait on child processes while the rest is imported
+        import asyncio
+
         import uvloop
 
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(run(args))
+            return runner.run(run(args, probes))
     except RunSetupError as exc:
         print(f"execgate run: {exc}", file=sys.stderr)
         return SETUP_FAILED
     except KeyboardInterrupt:
         return 130
+    finally:
+        if probes is not None:  # a run that stopped early: a cgroup being made gets its supervisor
+            probes.settle()
+
+
+def collect_from_now() -> None:
+    """Turn the cyclic garbage collector back on (:func:`execgate.server.cli.main` keeps it off
+    through the set-up) once everything the run keeps is made: what exists now is frozen
+    (``gc.freeze``: never walked again, it lives as long as the run) and a session of hours
+    collects its own garbage as usual."""
+    import gc
+
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
 
 
 def script_text(words: list[str]) -> str:
@@ -241,8 +274,49 @@ class _Plan:
                 self.tmp.cleanup()  # type: ignore[attr-defined]
 
 
-def _plan(args: argparse.Namespace) -> _Plan:
+class _Probes:
+    """The seccomp backstop's probe and the containment's choice (a cgroup made and probed, its
+    supervisor started: :func:`choose_containment`), run in a thread from the start of ``execgate
+    run``: both mostly wait for child processes, which this process overlaps with its imports and
+    the loading of the rules. :meth:`get` waits for one and returns it, or raises what it raised."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        # Every module the probes need is imported here, before the thread starts: two threads
+        # importing at once could meet a module half made.
+        import subprocess  # noqa: F401
+
+        import execgate.server.containment  # noqa: F401
+        import execgate.wrapper.artifacts  # noqa: F401
+        from execgate.server.run_intercept import choose_seccomp
+
+        self._jobs = (("seccomp", choose_seccomp, args.seccomp), ("containment", choose_containment, args.containment))
+        self._results: dict[str, tuple[bool, object]] = {}
+        self._thread = threading.Thread(target=self._run, name="execgate-probes", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for name, job, mode in self._jobs:
+            try:
+                self._results[name] = (True, job(mode))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller of get()
+                self._results[name] = (False, exc)
+
+    def settle(self) -> None:
+        """Wait until the probes are done (a cgroup they made has its supervisor by then, which
+        removes it when this process exits)."""
+        self._thread.join()
+
+    def get(self, name: str) -> object:
+        self._thread.join()
+        ok, value = self._results[name]
+        if not ok:
+            raise value  # type: ignore[misc]
+        return value
+
+
+def _plan(args: argparse.Namespace, probes: _Probes | None = None) -> _Plan:
     """Resolve the options. Raises RunSetupError with a one-line reason."""
+    probes = probes if probes is not None else _Probes(args)
     from execgate.server.home import HomeError, SessionTmp, prepare_home, with_home, with_private_tmp
     from execgate.server.sandbox import SandboxError, choose_sandbox, unsafe_workdir
 
@@ -263,11 +337,11 @@ def _plan(args: argparse.Namespace) -> _Plan:
     from execgate.server.run_policy import policy_credentials, tls_credentials, token_from_file
 
     token = token_from_file(args.token_file)
-    from execgate.server.run_intercept import choose_seccomp, interception_env, wrapper_path
+    from execgate.server.run_intercept import interception_env, wrapper_path
 
     wrapper = wrapper_path(args.wrapper)
     visible, extra_env = interception_env(args.intercept, wrapper, shell)
-    seccomp = choose_seccomp(args.seccomp)
+    seccomp: tuple[str | None, str] = probes.get("seccomp")  # type: ignore[assignment]
     if seccomp[0] is not None:
         visible.append(str(Path(seccomp[0]).parent))
     try:
@@ -287,7 +361,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
         # A working directory at or above the real HOME would show it, writable, over its mask.
         sandbox = with_home(sandbox, home)
         metrics_listen, tracing = telemetry.options(args, service_name="execgate-run")
-        containment = choose_containment(args.containment)
+        containment = probes.get("containment")
         # Last: the session's /tmp, a host directory that its sandboxed escalations bind at /tmp too.
         sandbox, tmp = with_private_tmp(sandbox)
     except (HomeError, telemetry.TelemetryError) as exc:
@@ -317,10 +391,11 @@ def choose_containment(mode: str) -> object:
         raise RunSetupError(f"--containment {mode}: {exc}") from exc
 
 
-async def run(args: argparse.Namespace) -> int:
+async def run(args: argparse.Namespace, probes: _Probes | None = None) -> int:
     """Run ``args.script`` as ``execgate run`` does; returns the exit status to use. A private
-    HOME (``--home``) and the private /tmp's directory are removed afterwards, whatever happened."""
-    plan = _plan(args)
+    HOME (``--home``) and the private /tmp's directory are removed afterwards, whatever happened.
+    ``probes``: already started (:func:`main` starts them before importing asyncio)."""
+    plan = _plan(args, probes)
     try:
         return await _run_planned(args, plan)
     finally:
@@ -328,6 +403,8 @@ async def run(args: argparse.Namespace) -> int:
 
 
 async def _run_planned(args: argparse.Namespace, plan: _Plan) -> int:
+    import asyncio
+
     from execgate.server.sandbox import SandboxError
 
     rules = rules_line(args)
@@ -356,6 +433,8 @@ async def _run_planned(args: argparse.Namespace, plan: _Plan) -> int:
 def _cancel_on_signals() -> list[int]:
     """SIGTERM and SIGHUP cancel the run as a timeout does (the shell's and every escalated
     process group are killed); returns the list the caught signal numbers are put in."""
+    import asyncio
+
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     received: list[int] = []
@@ -371,6 +450,12 @@ def _cancel_on_signals() -> list[int]:
 
 
 async def _run_session(args: argparse.Namespace, plan: _Plan) -> int:
+    from execgate.server.run_policy import decides_in_process
+
+    if decides_in_process(args, metrics=plan.metrics_listen is not None, tracing=plan.tracing is not None):
+        return await _run_in_process(args, plan)
+    import asyncio
+
     from execgate.server.metrics import RunTelemetry
 
     try:
@@ -383,6 +468,19 @@ async def _run_session(args: argparse.Namespace, plan: _Plan) -> int:
         return await _run_gated(args, plan, telemetry)
     finally:
         await asyncio.to_thread(telemetry.close)
+
+
+async def _run_in_process(args: argparse.Namespace, plan: _Plan) -> int:
+    """The embedded policy service deciding in this process (no gRPC, no metrics, no tracing:
+    :func:`~execgate.server.run_policy.decides_in_process`)."""
+    from execgate.server.run_policy import in_process_policy
+    from execgate.server.run_stdio import script_stdio
+
+    sandboxed = getattr(plan.sandbox, "mode", "none") != "none"
+    async with in_process_policy(args, sandboxed) as service:
+        async with script_stdio(args, service.broker if sandboxed else None) as stdio:  # type: ignore[attr-defined]
+            result, cap = await _exec_script(args, plan, service.policy, stdio)  # type: ignore[attr-defined]
+    return _finish(args, result, cap)
 
 
 async def _run_gated(args: argparse.Namespace, plan: _Plan, telemetry) -> int:
@@ -399,6 +497,11 @@ async def _run_gated(args: argparse.Namespace, plan: _Plan, telemetry) -> int:
                 result, cap = await _exec_script(args, plan, policy, stdio)
         finally:
             await policy.aclose()
+    return _finish(args, result, cap)
+
+
+def _finish(args: argparse.Namespace, result, cap: int) -> int:  # type: ignore[no-untyped-def]
+    """Print the ``--json`` result or the timeout line; the status ``execgate run`` exits with."""
     if args.json:
         print_json_result(result, cap)
     elif result.timed_out:
@@ -423,6 +526,7 @@ async def _exec_script(args: argparse.Namespace, plan: _Plan, policy: object, st
     # Streaming holds nothing (max_capture 0): chunks go straight to our stdout/stderr (or the
     # pty's to the terminal), through one pipe when those are one terminal or file (`2>&1`).
     cap = (DEFAULT_MAX_CAPTURE if args.max_capture is None else args.max_capture) if args.json else 0
+    collect_from_now()
     result = await server.exec(
         script_text(args.script), plan.workdir, timeout_s=args.timeout, login=args.login,
         env={**os.environ, **plan.home.env},  # type: ignore[attr-defined]

@@ -1,11 +1,14 @@
 """How ``execgate run`` reaches its policy service (docs/DESIGN.md §4, §8).
 
 Either a running one (``--policy``, with ``--token-file`` and the ``--tls*`` files, which the
-session's sandbox covers: :func:`policy_credentials`) or an embedded one on a private Unix socket
-(:func:`policy_address`). The embedded decision endpoint needs a per-run token held only in this
+session's sandbox covers: :func:`policy_credentials`) or the embedded one. The embedded one decides
+in this process (:func:`in_process_policy`, :mod:`execgate.policy_service.inprocess`: no endpoint)
+unless ``--approver-wait``, ``--metrics``, tracing or ``--cache-ttl`` (the decision cache) needs its gRPC side
+(:func:`decides_in_process`); then it runs on a private Unix socket (:func:`policy_address`),
+reached through the gRPC client. That decision endpoint needs a per-run token held only in this
 process's memory, and the process makes itself non-dumpable (``PR_SET_DUMPABLE`` 0, prctl(2)) so
 that a process of the same user without ``CAP_SYS_PTRACE`` cannot read that memory through
-``/proc/PID/mem``. Its approvals: the broker itself for an approver in this process (the terminal
+``/proc/PID/mem`` (non-dumpable in both modes: the broker lives in its memory). Its approvals: the broker itself for an approver in this process (the terminal
 approver, :mod:`execgate.server.run_stdio`), and an approvals endpoint only with
 ``--approver-wait``, whose ``execgate approve`` command is printed (socket and 0600 token file in
 the service's private directory under ``/tmp``, which no bwrap sandbox sees). With neither a
@@ -35,6 +38,8 @@ def token_from_file(path: str | None) -> str | None:
     Raises:
         RunSetupError: the file cannot be read or is empty.
     """
+    if not path:
+        return None
     from execgate.policy_service.transport import read_token
 
     try:
@@ -139,6 +144,46 @@ async def policy_address(args: argparse.Namespace, sandboxed: bool = True,
 
 
 
+def decides_in_process(args: argparse.Namespace, *, metrics: bool = False, tracing: bool = False) -> bool:
+    """Whether ``execgate run`` decides in this process (:mod:`execgate.policy_service.inprocess`):
+    the embedded service (no ``--policy``) when nothing needs its gRPC side — no approvals
+    endpoint (``--approver-wait``), no ``--metrics`` endpoint (``metrics``), no tracing
+    (``tracing``), no decision cache (``--cache-ttl``). Otherwise the embedded service runs on its private Unix socket
+    (:func:`policy_address`) and is reached through the gRPC client, as a remote one is."""
+    return (not args.policy and args.approver_wait is None and getattr(args, "cache_ttl", None) is None
+            and not metrics and not tracing)
+
+
+@contextlib.asynccontextmanager
+async def in_process_policy(args: argparse.Namespace, sandboxed: bool = True) -> AsyncIterator[object]:
+    """The embedded policy service deciding in this process
+    (:class:`~execgate.policy_service.inprocess.EmbeddedPolicy`): same rules, audit log, approvals
+    broker and prompt refusals as the gRPC embedded service of :func:`policy_address`, no endpoint.
+
+    Raises:
+        RunSetupError: the rules or the audit log cannot be loaded.
+    """
+    from execgate.policy_service.inprocess import embedded_policy
+    from execgate.policy_service.rules import RulesError
+
+    make_undumpable()  # the terminal approver and the broker live in this process's memory
+    embedded = embedded_policy(
+        args.rules, audit_log=args.audit_log, default_rules=not args.no_default_rules,
+        approval_timeout_s=args.approval_timeout, no_approver_reason=prompt_refusal(args, sandboxed),
+    )
+    try:
+        service = await embedded.__aenter__()
+    except (RulesError, OSError) as exc:
+        raise RunSetupError(f"cannot start the embedded policy service: {exc}") from exc
+    try:
+        if not sandboxed and not args.quiet:
+            print("execgate: no sandbox: prompt rules are denied (the shell could answer its own prompts)",
+                  file=sys.stderr, flush=True)
+        yield service
+    finally:
+        await embedded.__aexit__(None, None, None)
+
+
 def prompt_refusal(args: argparse.Namespace, sandboxed: bool) -> str | None:
     """Why the embedded service must deny every prompt of this run, or None if one can be
     answered: without a sandbox the shell could answer its own (:data:`NO_SANDBOX_PROMPTS`);
@@ -158,11 +203,11 @@ def policy_credentials(args: argparse.Namespace) -> list[str]:
     """Files of a remote policy service that the session must not reach: its Unix socket and the
     token and TLS key files ``execgate run`` uses (the decision endpoint is the server's, not the
     session's; docs/DESIGN.md §8). They are covered inside the sandbox (:class:`ShellSandbox`)."""
+    if not args.policy:
+        return []
     from execgate.policy_service.transport import unix_path
 
-    files = [args.token_file, args.tls_key] if args.policy else []
-    if args.policy:
-        files.append(unix_path(args.policy))
+    files = [args.token_file, args.tls_key, unix_path(args.policy)]
     return [os.path.abspath(f) for f in files if f]
 
 
@@ -175,9 +220,11 @@ def tls_credentials(args: argparse.Namespace) -> object:
     """
     if not args.policy and (args.tls or args.tls_ca or args.tls_cert or args.tls_key):
         raise RunSetupError("--tls* options need --policy HOST:PORT")
+    if not args.policy:
+        return None
     from execgate.policy_service.transport import AddressError, client_credentials
 
     try:
-        return client_credentials(args.policy or "", args)
+        return client_credentials(args.policy, args)
     except (AddressError, OSError) as exc:
         raise RunSetupError(f"--tls: {exc}") from exc

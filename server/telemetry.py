@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from prometheus_client import CollectorRegistry, start_http_server
-
-from execgate.policy_service.transport import is_loopback_host
+if TYPE_CHECKING:  # prometheus_client is imported where an endpoint is made: start-up time
+    from prometheus_client import CollectorRegistry
 
 #: Latency buckets, in seconds: a rules decision takes well under a millisecond, a prompt may wait
 #: for a person for minutes (the default approval timeout is 60 s, a client's prompt deadline 300 s).
@@ -49,6 +48,8 @@ def parse_metrics_address(text: str, *, public: bool = False) -> tuple[str, int]
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise TelemetryError(f"--metrics {text!r}: expected HOST:PORT (e.g. 127.0.0.1:9464; port 0 for any free one)")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    from execgate.policy_service.transport import is_loopback_host
+
     if not public and not is_loopback_host(host):
         raise TelemetryError(f"--metrics {text}: not a loopback address; anyone who reaches it reads the decision "
                              "counts of every rule; listen on 127.0.0.1 or pass --metrics-public")
@@ -67,6 +68,8 @@ class MetricsEndpoint:
     """
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+        from prometheus_client import start_http_server
+
         self._httpd, self._thread = start_http_server(port, addr=host, registry=registry)
         bound_host, bound_port = self._httpd.server_address[:2]
         self.host, self.port = str(bound_host), int(bound_port)

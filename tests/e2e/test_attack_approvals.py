@@ -103,17 +103,24 @@ def _assert_held(attacker: Attacker, done: subprocess.CompletedProcess[str], wor
     return log
 
 
-def test_escalated_command_seeing_host_tmp_cannot_approve(attacker: Attacker) -> None:
+@pytest.mark.parametrize("service", ["in-process", "grpc"])
+def test_escalated_command_seeing_host_tmp_cannot_approve(attacker: Attacker, service: str) -> None:
     """(a) bwrap session; an unsandboxed escalated command (host /tmp, host /proc) scans for the
-    embedded policy socket, its ancestors' fds and execgate's memory, and calls Approvals."""
+    embedded policy socket, its ancestors' fds and execgate's memory, and calls Approvals. The
+    embedded service decides in process by default (no socket at all); ``--metrics`` puts it on
+    its private socket behind the gRPC client (docs/DESIGN.md §8)."""
     work = _prepare(attacker)
     rules = _rules(work, '"unsandboxed"')
-    done = attacker.execgate("run", "--sandbox", "bwrap", "--rules", str(rules), "--cwd", str(work), "--",
+    extra = ("--metrics", "127.0.0.1:0") if service == "grpc" else ()
+    done = attacker.execgate("run", "--sandbox", "bwrap", *extra, "--rules", str(rules), "--cwd", str(work), "--",
                              _script(), cwd=work)
     log = _assert_held(attacker, done, work)
     found = next(r for r in log if r.get("step") == "found")
-    # The attack was real: it found this run's embedded decision socket on the host's /tmp ...
-    assert any("/tmp/execgate-" in e for e in found["ours"]), log  # type: ignore[union-attr]
+    if service == "grpc":
+        # The attack was real: it found this run's embedded decision socket on the host's /tmp ...
+        assert any("/tmp/execgate-" in e for e in found["ours"]), log  # type: ignore[union-attr]
+    # (Deciding in process, this run has no policy socket; as the unprivileged user, "ours" still
+    # holds the sockets of other runs of that user left under /tmp, which it tries too.)
     # ... and no credential it could find opened Approvals there.
     assert not [r for r in log if r.get("step") == "list" and r.get("ok") and r.get("ours")], log
 

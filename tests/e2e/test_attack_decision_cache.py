@@ -1,8 +1,9 @@
 """Attack: the decision cache (docs/DESIGN.md §9). A script that reads our source knows a Run is
 cached after the first exec of a program; it tries to make that entry answer something else.
 
-Each test runs ``execgate run --sandbox bwrap`` for real (the embedded service's default TTL of
-60 s, so the cache is on), as root and as an unprivileged user: the script gets a Run cached for
+Each test runs ``execgate run --sandbox bwrap --cache-ttl 60`` for real (the embedded service
+behind the gRPC client, with the cache: without ``--cache-ttl`` it decides in process and caches
+nothing), as root and as an unprivileged user: the script gets a Run cached for
 an allowed file, then names a denied one by a route that shares as much of the key as it can —
 the same path (a symlink re-pointed; a file rewritten in place, same inode, into a script), the
 same file under another argv[0] (``exec -a``). The deny must hold on every route, and the audit
@@ -45,7 +46,7 @@ def _run(attacker: Attacker, script: str) -> tuple[subprocess.CompletedProcess[s
     rules_file.write_text(DENY_MARK)
     audit = work / "audit.jsonl"
     attacker.marker_program(work, "mark")
-    done = attacker.execgate("run", "-q", "--sandbox", "bwrap", "--rules", str(rules_file),
+    done = attacker.execgate("run", "-q", "--sandbox", "bwrap", "--cache-ttl", "60", "--rules", str(rules_file),
                              "--audit-log", str(audit), "--cwd", str(work), "--", script, cwd=work)
     records = [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
     return done, records

@@ -222,3 +222,22 @@ def test_the_callers_ld_preload_is_kept_after_the_shim(tmp_path):
                     env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"{preload_ld_value()}:libm.so.6\n"
+
+
+def test_embedded_service_decides_in_process_without_grpc(tmp_path):
+    """Issue #11 (cold start): without --policy, --metrics, tracing or --approver-wait the embedded
+    service decides in execgate's own process: grpc, protobuf, prometheus_client and OpenTelemetry
+    are never imported, and every exec is still decided and audited (one line for /bin/true). The
+    cyclic garbage collector, off through the set-up, is on again."""
+    log = tmp_path / "audit.jsonl"
+    heavy = ("grpc", "google.protobuf", "prometheus_client", "opentelemetry")
+    probe = ("import gc, sys; from execgate.server import cli; "
+             f"status = cli.main(['run', '-q', '--sandbox', 'none', '--audit-log', {str(log)!r}, "
+             f"'--cwd', {str(tmp_path)!r}, '--', '/bin/true']); "
+             f"print(status, [m for m in {heavy!r} if m in sys.modules], gc.isenabled())")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env,
+                          check=False)
+    assert done.stdout.split("\n")[-2] == "0 [] True", done.stdout + done.stderr
+    records = audit_records(log)
+    assert [(r["program"], r["decision"], r["error"]) for r in records] == [("/bin/true", "run", False)]
