@@ -160,7 +160,8 @@ class DecisionService:
         on_prompt: PromptHook | None = None,
         env: Mapping[str, str] | None = None,
         facts: ExecFacts | None = None,
-    ) -> Decided:
+        run_only: bool = False,
+    ) -> Decided | None:
         """Decide one exec (``program`` absolute, ``argv`` non-empty) and audit it.
 
         Args:
@@ -171,6 +172,9 @@ class DecisionService:
             facts: what the escalation server learnt of the file (None: nothing): the rules
                 judge trust from its ``identity`` alone (:meth:`RuleSet.is_trusted`) and file-fact
                 rules test its file info; the audit line and approvers show them.
+            run_only: decide only if the rules say Run (the preload shim's query, answered in
+                the calling process: server/protocol.py); else return None, with nothing
+                prompted or audited.
 
         Returns:
             The Decision (with a fresh ``decision_id`` and a ``reason`` for every action) and the
@@ -183,12 +187,17 @@ class DecisionService:
         rules = self.rules.current  # once: the answer and its fingerprint are of the same rules
         fingerprint = getattr(rules, "fingerprint", "") or ""
         why = self.state.unavailable()
+        if why is not None and run_only:
+            return None
         if why is not None:  # fail closed: no shared audit stream, no shared approvals
             decided = Decided(Decision.deny(why, decision_id=decision_id, error=True), "", "")
         else:
             try:
-                decided = await self._by_rules(rules, session, program, argv, workdir, decision_id, budget_s,
-                                               on_prompt, env, facts)
+                by_rules = await self._by_rules(rules, session, program, argv, workdir, decision_id, budget_s,
+                                                on_prompt, env, facts, run_only)
+                if by_rules is None:
+                    return None
+                decided = by_rules
             except StateUnavailable as exc:  # the shared state failed while a prompt waited
                 decided = Decided(Decision.deny(str(exc), decision_id=decision_id, error=True), "", "unavailable")
         record = self._record(session, program, argv, workdir, decided.decision, decided.approver, started, facts)
@@ -274,8 +283,10 @@ class DecisionService:
         on_prompt: PromptHook | None,
         env: Mapping[str, str] | None,
         facts: ExecFacts | None,
-    ) -> Decided:
-        """Decide by the rules (and an approver for ``prompt``), without auditing.
+        run_only: bool = False,
+    ) -> Decided | None:
+        """Decide by the rules (and an approver for ``prompt``), without auditing; None when
+        ``run_only`` and the rules do not say Run.
 
         Raises:
             StateUnavailable: the shared state failed while a prompt waited.
@@ -283,6 +294,8 @@ class DecisionService:
         # A worker thread: evaluation of many rules must not hold up the event loop serving every
         # other session (it never touches the filesystem: trust comes from ``facts.identity``).
         evaluation = await asyncio.to_thread(rules.evaluate, program, argv, facts)
+        if run_only and evaluation.decision != "run":
+            return None
         rule_id = getattr(evaluation.rule, "id", "") or ""
         reason = evaluation.reason or ""
         execution = evaluation.execution or Execution()

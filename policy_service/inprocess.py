@@ -129,6 +129,31 @@ class InProcessPolicy:
                      decision.rule_id or "default", decision.reason)
         return decision
 
+    #: The preload shim may ask :meth:`query_run` first (server/protocol.py).
+    answers_queries = True
+
+    async def query_run(self, program: str, argv: Sequence[str], workdir: str, session: SessionContext,
+                        facts: ExecFacts | None) -> Decision | None:
+        """Decide the exec for the preload shim's query only if the rules say Run: then it is
+        decided and audited exactly as :meth:`determine_action` would (one line per exec, not a
+        cached one: it is a decision), and the shim executes the program in place. Anything else
+        (the rules would deny, escalate or prompt; a bad target; a failure) is None — nothing
+        decided, prompted or audited — and the wrapper asks with a full request. Never raises
+        except on cancellation."""
+        if target_problem(program, argv, workdir) is not None:
+            return None
+        try:
+            decided = await self.decisions.decide(
+                _wired(session), wire_text(program), [wire_text(a) for a in argv], wire_text(workdir),
+                facts=_wired(facts), run_only=True,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the wrapper's full request will fail closed on the same bug
+            log.exception("embedded policy failed answering a query for %s (session %s)", program, session.session_id)
+            return None
+        return None if decided is None or decided.decision.action != "run" else decided.decision
+
     async def prepare_escalated_exec(
         self,
         program: str,

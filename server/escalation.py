@@ -11,6 +11,7 @@ the bound before the policy is asked.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import signal
@@ -112,8 +113,8 @@ async def handle_connection(
     try:
         request, program, target_fd = await _read_request(conn, limits)
         facts = await _learn(learn, program, target_fd, os.path.join(request.workdir, request.file))
-        if request.cached_only:  # the shim's query: a cached Run or nothing (protocol module doc)
-            decision = _cached_run(policy, program, request, context, facts)
+        if request.cached_only:  # the shim's query: a Run given without asking anyone, or nothing
+            decision = await _query_run(policy, program, request, context, facts)
             if decision is None:
                 await _send(conn, p.EscalateResponse(p.UNDECIDED_ACTION))
                 return
@@ -229,18 +230,22 @@ def facts_kw(policy: Policy, facts: ExecFacts | None) -> dict[str, Any]:
     return {"facts": facts} if facts is not None and getattr(policy, "accepts_facts", False) else {}
 
 
-def _cached_run(policy: Policy, program: str, request: p.EscalateRequest, context: SessionContext,
-                facts: ExecFacts | None) -> Decision | None:
-    """The policy's cached Run for this exec (``policy.cached_run``, an optional method: see
-    :class:`~execgate.server.grpc_policy.GrpcPolicy`), or None: no cache, no entry, an entry
-    that is not a Run, no facts identifying the file, or any failure (the wrapper then asks)."""
-    lookup = getattr(policy, "cached_run", None)
+async def _query_run(policy: Policy, program: str, request: p.EscalateRequest, context: SessionContext,
+                     facts: ExecFacts | None) -> Decision | None:
+    """The policy's answer to the shim's query: a Run it gives without asking anyone
+    (``policy.query_run``, an optional method, plain or async: the decision cache's hit in
+    :class:`~execgate.server.grpc_policy.GrpcPolicy`, the rules' own Run in
+    :class:`~execgate.policy_service.inprocess.InProcessPolicy`), else None: no such method, no
+    facts identifying the file, another answer, or any failure (the wrapper then asks)."""
+    lookup = getattr(policy, "query_run", None)
     if lookup is None or facts is None or facts.identity is None:
         return None
     try:
         decision = lookup(program, list(request.argv), request.workdir, context, facts)
+        if inspect.isawaitable(decision):
+            decision = await decision
     except Exception:  # a bug here must cost a full decision, never a Run
-        log.exception("session %s: decision cache lookup failed for %s", context.session_id, program)
+        log.exception("session %s: query for %s failed", context.session_id, program)
         return None
     return decision if isinstance(decision, Decision) and decision.action == "run" else None
 

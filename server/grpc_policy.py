@@ -290,8 +290,14 @@ class GrpcPolicy:
                      decision.rule_id or "default", decision.reason)
         return decision
 
-    def cached_run(self, program: str, argv: Sequence[str], workdir: str, session: SessionContext,
-                   facts: ExecFacts | None) -> Decision | None:
+    @property
+    def answers_queries(self) -> bool:
+        """Whether :meth:`query_run` can answer at all (the cache is on): the session then tells
+        the preload shim to ask first (server/protocol.py, the cached-only query)."""
+        return self.cache is not None
+
+    def query_run(self, program: str, argv: Sequence[str], workdir: str, session: SessionContext,
+                  facts: ExecFacts | None) -> Decision | None:
         """The cached Run for this exec, counted and queued for the audit log as every hit is; None
         (nothing counted, nothing audited) when the cache is off or unusable (:meth:`_cache_usable`),
         has no entry, or holds another answer. Never asks the service; never raises. Serves the

@@ -37,9 +37,10 @@ execgate extensions (Codex peers ignore unknown fields, so both are backward com
   protocol. Codex peers never set it; a Codex server ignores the field (and the fd).
 * **Cached-only query.** The preload shim asks before it execs anything itself: a request with
   ``"execgate_cached_only": true`` (:data:`CACHED_ONLY_EXTENSION_FIELD`, after the target-fd
-  field; ``env`` is sent empty) is answered from the server's decision cache alone
-  (docs/DESIGN.md §9): ``{"action":"Run"}`` when a cached Run covers this very file (audited as
-  every cache hit is), else ``{"action":"Undecided"}`` (:data:`UNDECIDED_ACTION`) with nothing
+  field; ``env`` is sent empty) is answered only with a Run the policy gives without asking
+  anyone (docs/DESIGN.md §9) — a cached Run covering this very file (a gRPC policy's decision
+  cache), or the rules' own Run (the in-process embedded service) — audited as any such answer:
+  ``{"action":"Run"}``; else ``{"action":"Undecided"}`` (:data:`UNDECIDED_ACTION`) with nothing
   decided, prompted or audited. On Run the shim executes the target fd in the calling process
   (no second exec of the wrapper); on anything else it closes the stream and execs the wrapper,
   which asks again with a full request. Only execgate's shim sends the field; the Python and

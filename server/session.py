@@ -148,8 +148,8 @@ class Session:
             p.EXEC_WRAPPER_ENV_VAR: os.path.abspath(wrapper),
             p.SOCKET_PATH_ENV_VAR: self.socket_path,
         }
-        if getattr(self.policy, "cache", None) is not None and hasattr(self.policy, "cached_run"):
-            self.env_overlay[p.CACHED_QUERY_ENV_VAR] = "1"  # the shim may ask the cache first
+        if getattr(self.policy, "answers_queries", False) is True:
+            self.env_overlay[p.CACHED_QUERY_ENV_VAR] = "1"  # the shim may ask first (protocol doc)
         self.env_overlay.update(extra_env(self) if callable(extra_env) else (extra_env or {}))
         #: The seccomp backstop (:mod:`.backstop`) when a launcher was given, else None.
         self.backstop: Backstop | None = None

@@ -72,10 +72,11 @@ class StartPolicy:
             return Decision.run(rule_id=START_RULE_ID, reason="the session's own start")
         return await self._policy.determine_action(program, argv, workdir, *args, **kwargs)
 
-    def cached_run(self, *args: Any, **kwargs: Any) -> Decision | None:
-        """The wrapped policy's cached Run (:meth:`GrpcPolicy.cached_run`), never while the session
-        is starting: every exec of the start is taken or ended by :meth:`determine_action`."""
-        lookup = getattr(self._policy, "cached_run", None)
+    def query_run(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped policy's answer to the shim's query (``query_run``, plain or async; see
+        :func:`execgate.server.escalation._query_run`), never while the session is starting:
+        every exec of the start is taken or ended by :meth:`determine_action`."""
+        lookup = getattr(self._policy, "query_run", None)
         with self._lock:
             started = self._started
         return lookup(*args, **kwargs) if started and lookup is not None else None

@@ -1,18 +1,21 @@
-"""The preload shim decides in the calling process when the decision cache covers an exec
-(issue 11; server/protocol.py "Cached-only query", docs/DESIGN.md §9) — and a hostile script that
-reads our source speaks that query itself.
+"""The preload shim decides in the calling process when the server can answer Run without asking
+anyone (issue 11; server/protocol.py "Cached-only query", docs/DESIGN.md §9): from the decision
+cache (a gRPC policy service: ``--policy``, or ``execgate run --cache-ttl``), or by the rules
+themselves (``execgate run``'s default in-process service) — and a hostile script that reads our
+source speaks that query itself.
 
 What must hold, each run for real in ``execgate run`` (bwrap sandbox and the seccomp backstop, as
-root and as an unprivileged account):
+root and as an unprivileged account), in both modes:
 
-* a cached-only query is answered Run only for an exec the cache covers (this very file, with a
-  Run cached), and ``Undecided`` for everything else — a denied program, one that was never
-  decided, one the rules escalate — with nothing decided, prompted or audited for it;
+* a query is answered Run only for an exec that would be Run anyway (with the cache: this very
+  file, with a Run cached; in process: the rules say Run), and ``Undecided`` for everything else
+  — a denied program, one the rules prompt for, with the cache one never decided — with nothing
+  decided, prompted or audited for it;
 * the Run of a query approves that one exec only: the same process exec'ing another file with the
   approved argv, past the shim by the raw system call, is decided by the backstop and denied; so
   is a child's, after a query for an exec by a child (the shim's ``posix_spawn``);
-* the shim's own use: after the first exec of a program (decided through the wrapper), the next
-  ones run without the wrapper (strace sees one exec of it), each still one audit line.
+* the shim's own use: after the session's first exec (and, with the cache, each program's first)
+  the execs run without the wrapper (strace counts its execs), each still one audit line.
 """
 
 from __future__ import annotations
@@ -61,18 +64,25 @@ def _session(attacker: Attacker, script: str, *extra: str) -> tuple[subprocess.C
     return done, records
 
 
-def test_cached_only_query_answers_only_what_the_cache_holds(attacker: Attacker) -> None:
+#: The two ways the query is answered: the gRPC embedded service with its decision cache, and
+#: the default in-process service (the rules' own Run).
+MODES = {"cache": ("--cache-ttl", "60"), "inprocess": ()}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_a_query_answers_only_what_would_run_anyway(attacker: Attacker, mode: str) -> None:
     py = sys.executable
     grant_traverse(attacker.name, Path(py).resolve()) if not attacker.is_root else None
     script = (f"cp /bin/true ./ok && cp /bin/true ./esc && cp /bin/true ./other; ./ok; ./ok; "
               f"{py} q.py query ./ok ./ok; {py} q.py query ./mark mark; {py} q.py query ./other other; "
               f"{py} q.py query ./esc esc; {py} q.py query-exec ./ok ./ok -- ./mark; "
               f"{py} q.py query-child-exec ./ok ./ok -- ./mark; echo end=$?")
-    done, records = _session(attacker, script, "--sandbox", "bwrap", "--approver-wait", "1")
+    done, records = _session(attacker, script, "--sandbox", "bwrap", *MODES[mode])
     out = done.stdout + done.stderr
     assert "end=" in done.stdout, out
     answers = [line for line in done.stdout.splitlines() if line.startswith("ANSWER ")]
-    assert answers == ["ANSWER ./ok Run", "ANSWER ./mark Undecided", "ANSWER ./other Undecided",
+    other = "Undecided" if mode == "cache" else "Run"  # never decided: not cached; the rules say Run
+    assert answers == ["ANSWER ./ok Run", "ANSWER ./mark Undecided", f"ANSWER ./other {other}",
                        "ANSWER ./esc Undecided", "ANSWER ./ok Run", "ANSWER ./ok Run"], out
     # The Run of the query approved ./ok; the raw exec of ./mark with ok's argv was decided anew,
     # by the process itself and by its child.
@@ -83,18 +93,26 @@ def test_cached_only_query_answers_only_what_the_cache_holds(attacker: Attacker)
     by_program: dict[str, list[tuple[str, bool]]] = {}
     for r in records:
         by_program.setdefault(Path(r["program"]).name, []).append((r["decision"], r["cached"]))
-    # ./ok: the first exec decided, the second and both queries from the cache; nothing for
-    # ./other and ./esc (queries only: no decision, no prompt); ./mark: the backstop's deny only.
-    assert sorted(by_program.get("ok", [])) == [("run", False)] + [("run", True)] * 4, records
-    assert "other" not in by_program and "esc" not in by_program, records
-    assert sorted(by_program.get("mark", [])) == [("deny", False), ("deny", True)], records  # the 2nd: a cached Deny
+    # ./ok: two execs and three Run answers to queries, one line each; nothing for ./esc (a query
+    # only: no decision, no prompt); ./mark: the backstop's two denials only.
+    if mode == "cache":
+        assert sorted(by_program.get("ok", [])) == [("run", False)] + [("run", True)] * 4, records
+        assert "other" not in by_program, records
+        assert sorted(by_program.get("mark", [])) == [("deny", False), ("deny", True)], records  # a cached Deny
+    else:
+        assert by_program.get("ok") == [("run", False)] * 5, records
+        assert by_program.get("other") == [("run", False)], records
+        assert by_program.get("mark") == [("deny", False)] * 2, records
+    assert "esc" not in by_program, records
     assert not any(r["program"].startswith(str(work)) and r["decision"] == "escalate" for r in records), records
 
 
-def test_cache_hits_run_without_the_wrapper() -> None:
-    """strace counts the execs of the native wrapper: one per program (its first, decided exec),
-    not one per exec — for bash's fork and exec and for make's posix_spawn alike; the audit log
-    still has one line per exec (the backstop decided none twice), the later ones cached."""
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_answered_execs_run_without_the_wrapper(mode: str) -> None:
+    """strace counts the execs of the native wrapper — with the cache one per program (its first,
+    decided exec), in process one for the whole session (its first exec ends the session's start)
+    — not one per exec, for bash's fork and exec and for make's posix_spawn alike; the audit log
+    still has one line per exec (the backstop decided none twice)."""
     if shutil.which("strace") is None:
         pytest.fail("strace is needed (scripts/setup.sh installs it)")
     work = Path(__import__("tempfile").mkdtemp(prefix="eg-shimcache-"))
@@ -102,7 +120,7 @@ def test_cache_hits_run_without_the_wrapper() -> None:
         audit, trace = work / "audit.jsonl", work / "trace"
         done = subprocess.run(
             ["strace", "-f", "-qq", "-e", "trace=execve,execveat", "-o", str(trace),
-             sys.executable, "-m", "execgate.server.cli", "run", "-q", "--sandbox", "none",
+             sys.executable, "-m", "execgate.server.cli", "run", "-q", "--sandbox", "none", *MODES[mode],
              "--audit-log", str(audit), "--cwd", str(work), "--",
              "for i in 1 2 3 4 5 6 7 8; do /bin/true; done; /bin/echo a; /bin/echo b; "
              "printf 'all:\\n\\t@/bin/echo c\\n\\t@/bin/echo d\\n\\t@/bin/echo e\\n' > Makefile; "
@@ -114,13 +132,16 @@ def test_cache_hits_run_without_the_wrapper() -> None:
         wrapper_execs = [line for line in done_execs if "execgate-wrapper-native\", [" in line]
         true_execs = [line for line in done_execs if '["/bin/true"]' in line]
         assert len(true_execs) == 8, "\n".join(lines)
-        # /bin/true's first exec, /bin/echo's and make's (printf is bash's builtin); the echos
-        # make spawns (posix_spawn) are cached
-        assert len(wrapper_execs) == 3, "\n".join(wrapper_execs)
+        # With the cache: /bin/true's first exec, /bin/echo's and make's (printf is bash's
+        # builtin); the echos make spawns (posix_spawn) are cached. In process: the first only.
+        assert len(wrapper_execs) == (3 if mode == "cache" else 1), "\n".join(wrapper_execs)
         assert len([line for line in done_execs if '["/bin/echo", ' in line]) == 5, "\n".join(lines)
         records = [json.loads(line) for line in audit.read_text().splitlines()]
         mine = sorted((Path(r["program"]).name, r["cached"]) for r in records if r["program"] in ("/bin/true", "/bin/echo"))
-        assert mine == [("echo", False)] + [("echo", True)] * 4 + [("true", False)] + [("true", True)] * 7, records
+        if mode == "cache":
+            assert mine == [("echo", False)] + [("echo", True)] * 4 + [("true", False)] + [("true", True)] * 7, records
+        else:
+            assert mine == [("echo", False)] * 5 + [("true", False)] * 8, records
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -128,7 +149,7 @@ def test_cache_hits_run_without_the_wrapper() -> None:
 def test_long_and_non_utf8_arguments_go_through_the_query_intact(tmp_path: Path) -> None:
     """The shim writes its request in 512-byte pieces with the target fd on the first: a 20 KB
     argument, and bytes that are not UTF-8 (sent as ``\\udcXX``), reach the program unchanged
-    on a cache hit as on the first, decided exec."""
+    when the query answers (the default in-process service: the rules' Run)."""
     audit = tmp_path / "audit.jsonl"
     script = ('long=$(head -c 20000 /dev/zero | tr "\\0" x); odd=$(printf "a\\377b\\303"); '
               'for i in 1 2 3; do /bin/echo "$long" | wc -c; /bin/echo "$odd" | od -An -c | tr -s " "; done')
@@ -139,12 +160,13 @@ def test_long_and_non_utf8_arguments_go_through_the_query_intact(tmp_path: Path)
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines() == ["20001", " a 377 b 303 \\n"] * 3, done.stdout + done.stderr
-    # The first exec of echo went through the wrapper; the five others were answered to the shim.
+    # No exec of echo went through the wrapper (the session's first exec, head's, did): all six
+    # were answered to the shim's query (in process: the rules' Run), one audit line each.
     wrapped = [line for line in trace.read_text().splitlines()
                if "execgate-wrapper-native\", [" in line and '"/bin/echo", "/bin/echo"' in line]
-    assert len(wrapped) == 1, wrapped
+    assert wrapped == [], wrapped
     echoes = [json.loads(line) for line in audit.read_text().splitlines() if '"/bin/echo"' in line]
-    assert sorted(r["cached"] for r in echoes) == [False] + [True] * 5, echoes
+    assert len(echoes) == 6 and all(r["decision"] == "run" for r in echoes), echoes
 
 
 SPAWN_WITH_ACTIONS = r"""
@@ -261,7 +283,7 @@ def test_large_cache_hits_all_reach_the_audit_log(tmp_path: Path) -> None:
               'for i in 1 2 3 4 5 6 7; do /bin/true $big $big $big $big $big $big $big $big; done; '
               '/bin/echo SMALL-EXEC; sleep 1.5; echo done')
     done = subprocess.run([sys.executable, "-m", "execgate.server.cli", "run", "-q", "--sandbox", "none",
-                           "--audit-log", str(audit), "--cwd", str(tmp_path), "--", script],
+                           *MODES["cache"], "--audit-log", str(audit), "--cwd", str(tmp_path), "--", script],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0 and "SMALL-EXEC" in done.stdout, done.stdout + done.stderr
     assert "will not be in the audit log" not in done.stderr and "RESOURCE_EXHAUSTED" not in done.stderr, done.stderr

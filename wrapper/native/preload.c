@@ -34,10 +34,11 @@
  *    program is never intercepted again (the native wrapper also uses the raw syscall). An exec of
  *    the captured EXEC_WRAPPER itself (a Codex-patched shell) is likewise not wrapped twice; it
  *    gets the forced environment too, so that wrapper asks the session's server.
- *  - Cache hits are decided here (docs/DESIGN.md §9, server/protocol.py "Cached-only query"):
- *    with EXECGATE_CACHED_QUERY=1 captured at load, an exec that passes the checks first asks the
- *    server's decision cache from this process (eg_cached_run) and, on a cached Run, executes
- *    the target here — no second exec of the wrapper. Anything else falls back to the wrapper.
+ *  - Answered execs run here (docs/DESIGN.md §9, server/protocol.py "Cached-only query"): with
+ *    EXECGATE_CACHED_QUERY=1 captured at load, an exec that passes the checks first asks the
+ *    server from this process (eg_cached_run) for a Run given without a prompt (a cache hit, or
+ *    the in-process service's rules) and, on Run, executes the target here — no second exec of
+ *    the wrapper. Anything else falls back to the wrapper.
  *  - EXECGATE_DEPTH counts gated execs along the ancestry; past EXECGATE_MAX_DEPTH the exec is
  *    refused, so a misconfiguration loops into a denial, never a fork bomb.
  *  - The exec path may run in a vfork child (CPython's subprocess): no heap, no stdio, no locks;
@@ -822,7 +823,7 @@ static eg_spawn_fn eg_spawn_real(void)
 }
 
 /* Spawn the wrapper for the already checked PATH, with the caller's file actions and attributes;
- * or, on a cached Run, PATH itself. */
+ * or, when the query answers Run, PATH itself. */
 static int eg_spawn_gated(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
                           const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
