@@ -236,7 +236,7 @@ async def embedded_policy(
     broker = ApprovalBroker(timeout_s=approval_timeout_s, refuse_reason=no_approver_reason)
     audit = AuditLog(audit_log) if audit_log else None
     try:
-        decisions = DecisionService(rules, state=InProcessState(broker), audit=audit)
+        decisions = DecisionService(rules, state=InProcessState(broker), audit=audit, inline_evaluation=True)
         yield EmbeddedPolicy(InProcessPolicy(decisions), broker, decisions)
     finally:
         if audit is not None:
