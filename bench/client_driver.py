@@ -1,8 +1,14 @@
-"""Protocol clients for figure 4 (run by :mod:`bench.server_worker` with the sessions' handshake
-sockets passed in): per session, ``execs`` intercepted execs one after another, exactly as the
-wrapper does them — handshake datagram with a fresh stream socketpair end attached, request frame,
-response frame — then ``exec`` is not performed (the figure measures the server, not /bin/true).
-Sessions run concurrently in one uvloop process. Prints one JSON object on stdout.
+"""Protocol clients for figures 3b and 4 (run by :mod:`bench.server_worker` with the sessions'
+handshake sockets passed in). Each intercepted exec is done exactly as the wrapper does it —
+handshake datagram with a fresh stream socketpair end attached, request frame (the client's real
+environment), response frame — then ``exec`` is not performed (the figures measure the server,
+not /bin/true). One uvloop process. Prints one JSON object on stdout.
+
+Closed loop (figure 4, ``{"fds", "execs"}``): per session, ``execs`` execs one after another,
+all sessions concurrently. Open loop (figure 3b, ``{"fds", "rate", "count", "warm"}``): exec *i*
+starts at ``t0 + i / rate`` on session ``i mod len(fds)`` whether or not earlier ones have
+finished, and its latency is counted from that scheduled time (no coordinated omission); ``warm``
+execs at the same rate come first and are not counted.
 """
 
 from __future__ import annotations
@@ -66,9 +72,7 @@ async def session(fd: int, execs: int, frame: bytes, latencies: list[float], err
 
 
 async def drive(fds: list[int], execs: int) -> dict[str, object]:
-    env = {k: v for k, v in os.environ.items() if k not in p.OVERLAY_ENV_VARS}
-    payload = p.EscalateRequest(file="/bin/true", argv=["/bin/true"], workdir="/tmp", env=env).to_json()
-    frame = _LEN.pack(len(payload)) + payload
+    frame = _request_frame()
     latencies: list[float] = []
     errors: list[str] = []
     start = time.perf_counter()
@@ -78,11 +82,69 @@ async def drive(fds: list[int], execs: int) -> dict[str, object]:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
         "decisions": len(latencies), "errors": len(errors), "error_samples": errors[:5], "wall_s": wall,
-        "request_bytes": len(payload),
+        "request_bytes": len(frame) - 4,
         "p50_ms": latencies[len(latencies) // 2] * 1000 if latencies else None,
         "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000 if latencies else None,
         "driver_cpu_s": usage.ru_utime + usage.ru_stime,
     }
+
+
+def _request_frame() -> bytes:
+    env = {k: v for k, v in os.environ.items() if k not in p.OVERLAY_ENV_VARS}
+    payload = p.EscalateRequest(file="/bin/true", argv=["/bin/true"], workdir="/tmp", env=env).to_json()
+    return _LEN.pack(len(payload)) + payload
+
+
+async def _open_loop(loop: asyncio.AbstractEventLoop, dgrams: list[socket.socket], frame: bytes, rate: float,
+                     count: int) -> tuple[list[float], list[str], float]:
+    """Latencies (s, sorted), errors, and the achieved completion rate (/s)."""
+    clock = time.perf_counter  # uvloop's loop.time() has only millisecond resolution
+    latencies: list[float] = []
+    errors: list[str] = []
+    last_done = 0.0
+
+    async def one(dgram: socket.socket, scheduled: float) -> None:
+        nonlocal last_done
+        try:
+            action = await one_exec(loop, dgram, frame)
+        except Exception as exc:  # counted, reported
+            errors.append(repr(exc))
+            return
+        done = clock()
+        latencies.append(done - scheduled)
+        last_done = max(last_done, done)
+        if action != "Run":
+            errors.append(f"answer {action}")
+
+    tasks = []
+    t0 = clock() + 0.01
+    for i in range(count):
+        scheduled = t0 + i / rate
+        delay = scheduled - clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(one(dgrams[i % len(dgrams)], scheduled)))
+    await asyncio.gather(*tasks)
+    latencies.sort()
+    return latencies, errors, count / (last_done - t0) if last_done > t0 else 0.0
+
+
+async def open_loop(fds: list[int], rate: float, count: int, warm: int) -> dict[str, object]:
+    loop = asyncio.get_running_loop()
+    dgrams = [socket.socket(fileno=fd) for fd in fds]
+    frame = _request_frame()
+    try:
+        await _open_loop(loop, dgrams, frame, rate, warm)
+        usage0 = resource.getrusage(resource.RUSAGE_SELF)
+        latencies, errors, achieved = await _open_loop(loop, dgrams, frame, rate, count)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+    finally:
+        for d in dgrams:
+            d.close()
+    return {"latencies_s": latencies, "decisions": warm + count, "errors": len(errors), "error_samples": errors[:5],
+            "rate": achieved,
+            "request_bytes": len(frame) - 4,
+            "driver_cpu_s": usage.ru_utime + usage.ru_stime - usage0.ru_utime - usage0.ru_stime}
 
 
 def main() -> int:
@@ -90,7 +152,10 @@ def main() -> int:
     import uvloop
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        result = runner.run(drive(args["fds"], args["execs"]))
+        if "rate" in args:
+            result = runner.run(open_loop(args["fds"], args["rate"], args["count"], args["warm"]))
+        else:
+            result = runner.run(drive(args["fds"], args["execs"]))
     print(json.dumps(result))
     return 0
 

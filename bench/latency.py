@@ -1,4 +1,6 @@
-"""Figure 3: decision latency through gRPC at a fixed offered rate, open loop.
+"""Figure 3: decision latency through gRPC at a fixed offered rate, open loop — the "gRPC hop"
+path: every decision is a ``DetermineAction`` call (the client's decision cache is off; figure 3b,
+:func:`bench.sessions.wire_latency`, measures the cache-hit path through the escalation server).
 
 The client is the escalation server's own :class:`GrpcPolicy` in this process (uvloop); the policy
 service is a separate ``execgate policy serve`` process on a Unix socket. Request *i* is started at
@@ -52,7 +54,7 @@ async def _measure(address: str, rate: float, count: int) -> dict[str, object]:
     from execgate.server.grpc_policy import GrpcPolicy
     from execgate.server.policy import SessionContext
 
-    policy = GrpcPolicy(address)
+    policy = GrpcPolicy(address, cache=False)  # the gRPC hop, every time (the service marks this Run cacheable)
     session = SessionContext(session_id="bench-latency", labels={"bench": "latency"})
 
     async def decide() -> bool:
@@ -85,7 +87,8 @@ def decision_latency(address: str, rate: float, seconds: float, p99_target: str)
         r = runner.run(_measure(address, rate, count))
     lat, base = r["lat"], r["base"]
     ms = lambda seq, q: percentile(seq, q) * 1000  # noqa: E731
-    common = f"offered {rate:g}/s open loop, {count} decisions (Run), Unix socket, separate policy process"
+    common = (f"path: gRPC hop per decision (GrpcPolicy.determine_action, cache off); offered {rate:g}/s open loop, "
+              f"{count} decisions (Run), Unix socket, separate policy process")
     figs = []
     for q, name, target in ((50, "decision_p50_ms", ""), (99, "decision_p99_ms", p99_target), (100, "decision_max_ms", "")):
         value, b = ms(lat, q), ms(base, q)

@@ -1,9 +1,16 @@
-"""The escalation-server process of figures 4 and 5 (run by the harness as
+"""The escalation-server process of figures 3b, 4 and 5 (run by the harness as
 ``python -m bench.server_worker MODE ...``; prints one JSON object on stdout).
 
 ``throughput``: one :class:`EscalateServer`, N sessions, a separate client process
-(:mod:`bench.client_driver`) that speaks the wire protocol on every session's handshake socket.
-``idle``: VmHWM of this process before and after starting N idle sessions.
+(:mod:`bench.client_driver`) that speaks the wire protocol on every session's handshake socket,
+each session's execs one after another. ``latency``: the same server and client, execs started
+on an open-loop schedule at ``--rate`` per second over the sessions. ``idle``: VmHWM of this
+process before and after starting N idle sessions.
+
+``--cache off`` gives :class:`GrpcPolicy` no decision cache: every exec is a gRPC
+``DetermineAction`` (the "gRPC hop" path); ``on`` (the default, as deployed) answers from the
+cache what the service marked cacheable (the shipped rules: a Run of a program no rule names) —
+the "cache hit" path; the result's ``policy_stats`` counts the hits.
 """
 
 from __future__ import annotations
@@ -36,12 +43,12 @@ class AlwaysRun:
         raise RuntimeError("the bench policy never escalates")
 
 
-def _policy(address: str):  # -> Policy
+def _policy(address: str, cache: bool = True):  # -> Policy
     if address == "inproc":
         return AlwaysRun()
     from execgate.server.grpc_policy import GrpcPolicy
 
-    return GrpcPolicy(address)
+    return GrpcPolicy(address, cache=cache)
 
 
 def _cpu_s() -> float:
@@ -49,15 +56,19 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def throughput(address: str, sessions: int, execs: int) -> dict[str, object]:
-    policy = _policy(address)
+async def throughput(address: str, sessions: int, execs: int, cache: bool = True,
+                     load: dict[str, float] | None = None) -> dict[str, object]:
+    """``load`` None: closed loop, ``execs`` per session; else the open-loop schedule
+    (``rate``, ``count``, ``warm``: :mod:`bench.client_driver`)."""
+    policy = _policy(address, cache)
     server = EscalateServer("/bin/sh", "/bin/false", policy)
     opened = [server.start_session(labels={"bench": "throughput"}) for _ in range(sessions)]
     try:
         fds = [s.client_fd for s in opened]
         cpu0 = _cpu_s()
+        args = {"fds": fds, "execs": execs} if load is None else {"fds": fds, **load}
         driver = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.client_driver", json.dumps({"fds": fds, "execs": execs}),
+            sys.executable, "-m", "bench.client_driver", json.dumps(args),
             pass_fds=fds, cwd=str(REPO), stdout=asyncio.subprocess.PIPE,
         )
         for s in opened:
@@ -94,17 +105,24 @@ async def idle(address: str, sessions: int) -> dict[str, object]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.server_worker")
-    parser.add_argument("mode", choices=("throughput", "idle"))
+    parser.add_argument("mode", choices=("throughput", "latency", "idle"))
     parser.add_argument("--policy", required=True, help="unix:///… of a policy service, or inproc")
     parser.add_argument("--sessions", type=int, required=True)
     parser.add_argument("--execs", type=int, default=0)
+    parser.add_argument("--cache", choices=("on", "off"), default="on", help="GrpcPolicy's decision cache")
+    parser.add_argument("--rate", type=float, default=1000.0, help="latency: execs started per second")
+    parser.add_argument("--count", type=int, default=1000, help="latency: execs measured")
+    parser.add_argument("--warm", type=int, default=100, help="latency: execs before the measured ones")
     args = parser.parse_args()
     import uvloop
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         start = time.perf_counter()
         if args.mode == "throughput":
-            result = runner.run(throughput(args.policy, args.sessions, args.execs))
+            result = runner.run(throughput(args.policy, args.sessions, args.execs, args.cache == "on"))
+        elif args.mode == "latency":
+            load = {"rate": args.rate, "count": args.count, "warm": args.warm}
+            result = runner.run(throughput(args.policy, args.sessions, 0, args.cache == "on", load))
         else:
             result = runner.run(idle(args.policy, args.sessions))
         result["worker_wall_s"] = time.perf_counter() - start

@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parent.parent
 FIGURE_NAMES = (
     "cold_start_ms", "run_native_ms_per_exec", "run_python_ms_per_exec", "escalate_native_ms_per_exec",
     "decision_p50_ms", "decision_p99_ms", "decision_max_ms", "decision_rate_achieved",
-    "throughput_decisions_per_s", "throughput_errors", "server_rss_100_sessions_mb", "policy_rss_after_load_mb",
+    "decision_cached_p50_ms", "decision_cached_p99_ms", "decision_cached_max_ms", "decision_cached_rate_achieved",
+    "throughput_decisions_per_s", "throughput_cached_decisions_per_s", "throughput_errors", "server_rss_100_sessions_mb", "policy_rss_after_load_mb",
     "run_native_backstop_share_ms", "run_native_backstop_cpu_ms", "backstop_decided_ms_per_exec",
     "run_native_cached_ms_per_exec", "run_native_uncached_ms_per_exec",
     "run_native_separate_cached_ms_per_exec", "run_native_separate_uncached_ms_per_exec",
