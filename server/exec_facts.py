@@ -235,7 +235,21 @@ def gather(pid: int | None, program: str, coverage: Coverage, *, uid: int | None
             if done is not None:
                 os.close(done.fd)
         os.close(root)
-    return ExecFacts(info, children_unseen(info, coverage, no_new_privs(pid)), problem, identity)
+    # The caller's NoNewPrivs matters only for a set-ID or capability-carrying program (or a
+    # script's interpreter of that kind): read /proc/PID/status only then (an open and a read per
+    # exec otherwise, for a flag children_unseen would not look at).
+    privs = no_new_privs(pid) if _gains_privileges(info) else None
+    return ExecFacts(info, children_unseen(info, coverage, privs), problem, identity)
+
+
+def _gains_privileges(info: FileInfo | None) -> bool:
+    """True if ``info`` (or a script's interpreter) is set-user-ID, set-group-ID or has file
+    capabilities: the only case where :func:`children_unseen` reads ``no_new_privs``."""
+    while info is not None:
+        if info.setuid or info.setgid or info.capabilities:
+            return True
+        info = info.interpreter_info
+    return False
 
 
 def _differs(path: str, program: str) -> bool:
