@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Awaitable, Callable
 
 from execgate.server import protocol as p
@@ -165,14 +166,16 @@ async def _read_request(conn: socket.socket, limits: Limits) -> tuple[p.Escalate
 
     Raises:
         TimeoutError: no frame within ``limits.request_timeout_s``.
-        ProtocolError, BoundsError, OSError: as :func:`recv_frame` and ``EscalateRequest.from_obj``;
+        ProtocolError, BoundsError, OSError: as :func:`recv_frame` and ``EscalateRequest.from_payload``;
             also a target-fd field without exactly one fd, or an fd without the field. Any fd
             received is closed then.
     """
-    async with asyncio.timeout(limits.request_timeout_s):
-        payload, fds = await recv_frame(conn, max_bytes=limits.max_frame_bytes, max_fds=1)
+    # The deadline is armed only if the frame is not there yet (usually it is: the wrapper sends
+    # it right after the handshake).
+    payload, fds = await recv_frame(conn, max_bytes=limits.max_frame_bytes, max_fds=1,
+                                    timeout_s=limits.request_timeout_s)
     try:
-        request = p.EscalateRequest.from_obj(p.decode_json(payload))
+        request = p.EscalateRequest.from_payload(payload)
         if request.target_fd != (len(fds) == 1):
             raise p.ProtocolError(f"request has {p.TARGET_FD_EXTENSION_FIELD}={request.target_fd} "
                                   f"but {len(fds)} fds attached")
@@ -254,7 +257,9 @@ async def _decide(policy: Policy, program: str, request: p.EscalateRequest, cont
                   facts: ExecFacts | None) -> Decision:
     try:
         # Opt-in (Policy doc): the environment lets a prompt show the approver what reaches the command.
-        extra: dict[str, Any] = {"env": dict(request.env)} if getattr(policy, "accepts_env", False) else {}
+        # A read-only view, not a copy: a cache hit never looks at it.
+        extra: dict[str, Any] = ({"env": MappingProxyType(request.env)} if getattr(policy, "accepts_env", False)
+                                 else {})
         extra.update(facts_kw(policy, facts))
         decision = await policy.determine_action(program, list(request.argv), request.workdir, context, **extra)
     except Exception as exc:  # fail closed: any policy failure is a Deny naming the cause

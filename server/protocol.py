@@ -280,6 +280,19 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "backslashreplace")
 
 
+_STR_TYPE = frozenset({str})
+
+
+def _ascii_strings_violation(what: str, items: list[str] | dict[str, str], max_items: int,
+                             max_bytes: int) -> str | None:
+    """:func:`strings_bounds_violation` for strings known to be ASCII (a byte per character):
+    the same bounds and messages, summed in C."""
+    if len(items) > max_items:
+        return f"{what} has {len(items)} items, more than the bound of {max_items}"
+    total = sum(map(len, items)) + (sum(map(len, items.values())) if isinstance(items, dict) else 0)
+    return f"{what} totals more than the bound of {max_bytes} bytes" if total > max_bytes else None
+
+
 def _expect(cond: bool, what: str) -> None:
     if not cond:
         raise ProtocolError(what)
@@ -323,8 +336,28 @@ class EscalateRequest:
         return _dumps(obj)
 
     @classmethod
-    def from_obj(cls, obj: Any) -> EscalateRequest:
+    def from_payload(cls, payload: bytes) -> EscalateRequest:
+        """Decode a request frame's payload (:func:`decode_json`, then :meth:`from_obj`).
+
+        The server's path for every exec: when the payload is ASCII and holds no ``\\u`` escape,
+        every string in it is ASCII (JSON's other escapes are ASCII), so none needs
+        canonicalising and each string's size in bytes is its length: the bounds of argv and of
+        the caller's whole environment are then checked with C-level sums instead of a Python
+        loop over every name and value, and the strings are kept as decoded. Same checks, same
+        answers, same errors as :meth:`from_obj` on the decoded object.
+
+        Raises:
+            BoundsError, ProtocolError: as :meth:`from_obj` and :func:`decode_json`.
+        """
+        return cls.from_obj(decode_json(payload), ascii_only=payload.isascii() and b"\\u" not in payload)
+
+    @classmethod
+    def from_obj(cls, obj: Any, *, ascii_only: bool = False) -> EscalateRequest:
         """Build from decoded JSON; unknown fields are ignored.
+
+        Args:
+            ascii_only: the caller knows that every string in ``obj`` is ASCII and exactly a
+                ``str`` (:meth:`from_payload`): no canonicalising, sizes are lengths.
 
         Raises:
             BoundsError: a path, argv or env exceeds its bound (``MAX_*`` above).
@@ -335,6 +368,18 @@ class EscalateRequest:
         _expect(isinstance(file, str) and file != "", "request.file must be a non-empty string")
         _expect(_is_str_list(argv), "request.argv must be a list of strings")
         _expect(isinstance(workdir, str), "request.workdir must be a string")
+        if ascii_only:  # JSON object keys are always str; the values' types in one C-level pass
+            _expect(isinstance(env, dict) and set(map(type, env.values())) <= _STR_TYPE,
+                    "request.env must be an object of strings")
+            # Before any work on the strings (issue #9, below): ASCII, so bytes are lengths.
+            violation = (path_bounds_violation({"request.file": file, "request.workdir": workdir})
+                         or _ascii_strings_violation("argv", argv, MAX_ARGV_ITEMS, MAX_ARGV_BYTES)
+                         or _ascii_strings_violation("env", env, MAX_ENV_ITEMS, MAX_ENV_BYTES))
+            if violation is not None:
+                raise BoundsError(violation)
+            return cls(file=file, argv=argv, workdir=workdir, env=env,
+                       target_fd=obj.get(TARGET_FD_EXTENSION_FIELD) is True,
+                       cached_only=obj.get(CACHED_ONLY_EXTENSION_FIELD) is True)
         _expect(
             isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()),
             "request.env must be an object of strings",
