@@ -21,6 +21,7 @@ import array
 import os
 import socket
 import struct
+import time
 from typing import Iterable, Sequence
 
 from execgate.server.protocol import LENGTH_PREFIX_BYTES, MAX_FDS_PER_MESSAGE, MAX_FRAME_BYTES, ProtocolError
@@ -93,7 +94,9 @@ class _Fd:
 # Async variants (non-blocking sockets, asyncio or uvloop).
 
 
-async def _wait(sock: socket.socket | _Fd, writable: bool) -> None:
+async def _wait(sock: socket.socket | _Fd, writable: bool, deadline: float | None = None) -> None:
+    """Wait until ``sock`` is writable or readable; with ``deadline`` (``time.monotonic()``
+    seconds), raise TimeoutError once it has passed."""
     # Imported here, not at module top: the per-exec wrapper imports this module and must not pay
     # for importing asyncio.
     import asyncio
@@ -111,7 +114,11 @@ async def _wait(sock: socket.socket | _Fd, writable: bool) -> None:
     else:
         loop.add_reader(fd, ready)
     try:
-        await fut
+        if deadline is None:
+            await fut
+        else:
+            async with asyncio.timeout(deadline - time.monotonic()):  # past: TimeoutError at once
+                await fut
     finally:
         (loop.remove_writer if writable else loop.remove_reader)(fd)
 
@@ -142,13 +149,14 @@ async def send_frame(
         data, anc = data[sent:], []
 
 
-async def _recv_exact(sock: socket.socket, n: int, fds: list[int], max_fds: int, allow_eof: bool) -> bytes:
+async def _recv_exact(sock: socket.socket, n: int, fds: list[int], max_fds: int, allow_eof: bool,
+                      deadline: float | None = None) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         try:
             chunk, got = _recvmsg(sock, n - len(buf), max_fds - len(fds))
         except BlockingIOError:
-            await _wait(sock, writable=False)
+            await _wait(sock, writable=False, deadline=deadline)
             continue
         fds.extend(got)
         if not chunk:
@@ -160,9 +168,15 @@ async def _recv_exact(sock: socket.socket, n: int, fds: list[int], max_fds: int,
 
 
 async def recv_frame(
-    sock: socket.socket, *, max_bytes: int = MAX_FRAME_BYTES, max_fds: int = MAX_FDS_PER_MESSAGE
+    sock: socket.socket, *, max_bytes: int = MAX_FRAME_BYTES, max_fds: int = MAX_FDS_PER_MESSAGE,
+    timeout_s: float | None = None,
 ) -> tuple[bytes, list[int]]:
     """Receive one frame from a non-blocking stream socket.
+
+    Args:
+        timeout_s: the whole frame must have arrived within this many seconds of the call
+            (TimeoutError otherwise); None: no deadline. A frame already waiting in the socket is
+            read without arming any timer: only a read that has to wait is bounded by one.
 
     Returns:
         ``(payload, fds)``: the JSON bytes and the fds attached anywhere in the frame, in order,
@@ -171,22 +185,35 @@ async def recv_frame(
     Raises:
         PeerClosedError: EOF before or inside the frame.
         ProtocolError: length above ``max_bytes``, or more than ``max_fds`` fds.
+        TimeoutError: ``timeout_s`` passed first.
         OSError: the socket failed.
         On any error every fd received so far is closed.
     """
     fds: list[int] = []
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
-        head = await _recv_exact(sock, LENGTH_PREFIX_BYTES, fds, max_fds, allow_eof=True)
+        head = await _recv_exact(sock, LENGTH_PREFIX_BYTES, fds, max_fds, True, deadline)
         if not head:
             raise PeerClosedError("connection closed")
         (length,) = _LENGTH.unpack(head)
         if length > max_bytes:
             raise ProtocolError(f"frame length {length} exceeds the limit of {max_bytes} bytes")
-        payload = await _recv_exact(sock, length, fds, max_fds, allow_eof=False)
+        payload = await _recv_exact(sock, length, fds, max_fds, False, deadline)
     except BaseException:
         close_fds(fds)
         raise
     return payload, fds
+
+
+def recv_datagram_nowait(
+    sock: socket.socket, *, nbytes: int = 64, max_fds: int = MAX_FDS_PER_MESSAGE
+) -> tuple[bytes, list[int]]:
+    """:func:`recv_datagram` for a datagram already waiting (e.g. in a reader callback).
+
+    Raises:
+        BlockingIOError: none is waiting. ProtocolError, OSError: as :func:`recv_datagram`.
+    """
+    return _recvmsg(sock, nbytes, max_fds)
 
 
 async def recv_datagram(

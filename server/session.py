@@ -54,7 +54,7 @@ from execgate.server import protocol as p
 from execgate.server.backstop import Backstop
 from execgate.server.escalation import Limits, handle_connection
 from execgate.server.exec_facts import Coverage, learn
-from execgate.server.fdpass import close_fds, encode_frame, recv_datagram, wait_readable
+from execgate.server.fdpass import close_fds, encode_frame, recv_datagram_nowait, wait_readable
 from execgate.server.identity import peer_cred
 from execgate.server.policy import ExecFacts, Permissions, Policy, SessionContext
 from execgate.server.containment import NONE, Containment, Placement, Scope
@@ -69,6 +69,9 @@ ExtraEnv = Union[Mapping[str, str], Callable[["Session"], Mapping[str, str]]]
 
 #: Most different notes (:meth:`Session._note`) told per session; later ones are dropped.
 MAX_NOTES = 32
+
+#: Most handshakes one wakeup of a session's datagram socket takes before the loop's other work.
+HANDSHAKES_PER_WAKEUP = 64
 
 #: Where sessions' private fallback-socket directories are made unless the server names another.
 DEFAULT_SOCKET_PARENT = "/tmp"
@@ -249,12 +252,35 @@ class Session:
         task.add_done_callback(bucket.discard)
 
     async def _serve_handshakes(self) -> None:
-        while True:
+        """Serve handshakes until cancelled (or the socket fails). A reader callback stays
+        registered on the datagram socket and takes the datagrams waiting each time it is
+        readable: no future, task step or epoll change per exec."""
+        fd = self._server_sock.fileno()
+        stopped: asyncio.Future[None] = self._loop.create_future()
+        self._loop.add_reader(fd, self._take_handshakes, stopped)
+        try:
+            await stopped
+        finally:
+            self._loop.remove_reader(fd)
+
+    def _take_handshakes(self, stopped: asyncio.Future[None]) -> None:
+        """Reader callback: serve each waiting handshake (at most :data:`HANDSHAKES_PER_WAKEUP`,
+        then the loop's other work comes first; the rest wakes it again)."""
+        for _ in range(HANDSHAKES_PER_WAKEUP):
+            if stopped.done():
+                return
             try:
-                _, fds = await recv_datagram(self._server_sock, max_fds=self.limits.max_fds)
+                _, fds = recv_datagram_nowait(self._server_sock, max_fds=self.limits.max_fds)
+            except BlockingIOError:
+                return
             except p.ProtocolError as exc:
                 log.warning("session %s: handshake dropped: %s", self.session_id, exc)
                 continue
+            except OSError as exc:
+                log.error("session %s: handshake socket failed, no more execs served on it: %s",
+                          self.session_id, exc)
+                stopped.set_result(None)
+                return
             if len(fds) != 1:
                 close_fds(fds)
                 log.warning("session %s: handshake with %d fds dropped", self.session_id, len(fds))
