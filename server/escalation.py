@@ -171,9 +171,9 @@ async def _read_request(conn: socket.socket, limits: Limits) -> tuple[p.Escalate
             received is closed then.
     """
     # The deadline is armed only if the frame is not there yet (usually it is: the wrapper sends
-    # it right after the handshake).
+    # it right after the handshake). The wrapper then waits for the answer: one read (sole).
     payload, fds = await recv_frame(conn, max_bytes=limits.max_frame_bytes, max_fds=1,
-                                    timeout_s=limits.request_timeout_s)
+                                    timeout_s=limits.request_timeout_s, sole=True)
     try:
         request = p.EscalateRequest.from_payload(payload)
         if request.target_fd != (len(fds) == 1):

@@ -167,9 +167,47 @@ async def _recv_exact(sock: socket.socket, n: int, fds: list[int], max_fds: int,
     return bytes(buf)
 
 
+#: Most bytes the first read of a sole frame asks for (:func:`recv_frame`): a request with a
+#: typical environment (a few KiB) arrives in one read; a larger one is read on exactly.
+SOLE_FRAME_FIRST_READ = 64 << 10
+
+
+async def _recv_sole(sock: socket.socket, fds: list[int], max_bytes: int, max_fds: int,
+                     deadline: float | None) -> bytes:
+    """The payload of the one frame a peer sends before it waits for an answer, read in as few
+    ``recvmsg`` calls as it arrived in (usually one, prefix included).
+
+    Raises:
+        PeerClosedError, ProtocolError (also: bytes past the frame), TimeoutError, OSError.
+    """
+    buf = bytearray()
+    total: int | None = None  # the frame's size, prefix included, once the prefix is in
+    while total is None or len(buf) < total:
+        room = LENGTH_PREFIX_BYTES + min(max_bytes, SOLE_FRAME_FIRST_READ) if total is None else total
+        try:
+            chunk, got = _recvmsg(sock, room - len(buf), max_fds - len(fds))
+        except BlockingIOError:
+            await _wait(sock, writable=False, deadline=deadline)
+            continue
+        fds.extend(got)
+        if not chunk:
+            if not buf:
+                raise PeerClosedError("connection closed")
+            raise PeerClosedError(f"connection closed after {len(buf)} of {total or LENGTH_PREFIX_BYTES} bytes")
+        buf += chunk
+        if total is None and len(buf) >= LENGTH_PREFIX_BYTES:
+            (length,) = _LENGTH.unpack_from(buf)
+            if length > max_bytes:
+                raise ProtocolError(f"frame length {length} exceeds the limit of {max_bytes} bytes")
+            total = LENGTH_PREFIX_BYTES + length
+    if len(buf) > total:
+        raise ProtocolError(f"{len(buf) - total} bytes sent after the frame, before its answer")
+    return bytes(buf[LENGTH_PREFIX_BYTES:])
+
+
 async def recv_frame(
     sock: socket.socket, *, max_bytes: int = MAX_FRAME_BYTES, max_fds: int = MAX_FDS_PER_MESSAGE,
-    timeout_s: float | None = None,
+    timeout_s: float | None = None, sole: bool = False,
 ) -> tuple[bytes, list[int]]:
     """Receive one frame from a non-blocking stream socket.
 
@@ -177,6 +215,9 @@ async def recv_frame(
         timeout_s: the whole frame must have arrived within this many seconds of the call
             (TimeoutError otherwise); None: no deadline. A frame already waiting in the socket is
             read without arming any timer: only a read that has to wait is bounded by one.
+        sole: the peer sends nothing after this frame until it has an answer (the request, docs/
+            DESIGN.md §2): the prefix and the payload are read together, and bytes past the frame
+            break the protocol (ProtocolError). Never for a stream of frames (signal frames).
 
     Returns:
         ``(payload, fds)``: the JSON bytes and the fds attached anywhere in the frame, in order,
@@ -192,6 +233,8 @@ async def recv_frame(
     fds: list[int] = []
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
+        if sole:
+            return await _recv_sole(sock, fds, max_bytes, max_fds, deadline), fds
         head = await _recv_exact(sock, LENGTH_PREFIX_BYTES, fds, max_fds, True, deadline)
         if not head:
             raise PeerClosedError("connection closed")

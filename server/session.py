@@ -70,9 +70,6 @@ ExtraEnv = Union[Mapping[str, str], Callable[["Session"], Mapping[str, str]]]
 #: Most different notes (:meth:`Session._note`) told per session; later ones are dropped.
 MAX_NOTES = 32
 
-#: Most handshakes one wakeup of a session's datagram socket takes before the loop's other work.
-HANDSHAKES_PER_WAKEUP = 64
-
 #: Where sessions' private fallback-socket directories are made unless the server names another.
 DEFAULT_SOCKET_PARENT = "/tmp"
 
@@ -264,32 +261,30 @@ class Session:
             self._loop.remove_reader(fd)
 
     def _take_handshakes(self, stopped: asyncio.Future[None]) -> None:
-        """Reader callback: serve each waiting handshake (at most :data:`HANDSHAKES_PER_WAKEUP`,
-        then the loop's other work comes first; the rest wakes it again)."""
-        for _ in range(HANDSHAKES_PER_WAKEUP):
-            if stopped.done():
-                return
-            try:
-                _, fds = recv_datagram_nowait(self._server_sock, max_fds=self.limits.max_fds)
-            except BlockingIOError:
-                return
-            except p.ProtocolError as exc:
-                log.warning("session %s: handshake dropped: %s", self.session_id, exc)
-                continue
-            except OSError as exc:
-                log.error("session %s: handshake socket failed, no more execs served on it: %s",
-                          self.session_id, exc)
-                stopped.set_result(None)
-                return
-            if len(fds) != 1:
-                close_fds(fds)
-                log.warning("session %s: handshake with %d fds dropped", self.session_id, len(fds))
-                continue
-            conn = _stream_socket(fds[0])
-            if conn is None:
-                log.warning("session %s: handshake fd is not a Unix stream socket", self.session_id)
-                continue
-            self._serve(conn)
+        """Reader callback: serve one waiting handshake. The socket is level-triggered: if more
+        wait, the next loop iteration calls again (no read that finds nothing per exec)."""
+        if stopped.done():
+            return
+        try:
+            _, fds = recv_datagram_nowait(self._server_sock, max_fds=self.limits.max_fds)
+        except BlockingIOError:
+            return
+        except p.ProtocolError as exc:
+            log.warning("session %s: handshake dropped: %s", self.session_id, exc)
+            return
+        except OSError as exc:
+            log.error("session %s: handshake socket failed, no more execs served on it: %s", self.session_id, exc)
+            stopped.set_result(None)
+            return
+        if len(fds) != 1:
+            close_fds(fds)
+            log.warning("session %s: handshake with %d fds dropped", self.session_id, len(fds))
+            return
+        conn = _stream_socket(fds[0])
+        if conn is None:
+            log.warning("session %s: handshake fd is not a Unix stream socket", self.session_id)
+            return
+        self._serve(conn)
 
     async def _serve_fallback(self) -> None:
         while True:
