@@ -179,6 +179,9 @@ class GrpcPolicy:
         self._determine_call: grpc.aio.UnaryStreamMultiCallable | None = None
         self.stats: Counter[str] = Counter()
         self.metrics = metrics if metrics is not None else ClientMetrics()
+        # The counters of every lookup, resolved once (a labels() lookup per exec is ~2 us).
+        self._cache_hits = self.metrics.cache_lookups.labels("hit")
+        self._cache_misses = self.metrics.cache_lookups.labels("miss")
         self._inject = True
         #: The decision cache, or None when off.
         self.cache: DecisionCache | None = DecisionCache() if cache is True else (cache or None)
@@ -260,7 +263,7 @@ class GrpcPolicy:
             entry = self.cache.get(session, program, argv, workdir, facts) if self._cache_usable() else None
             if entry is not None:
                 return self._answer_cached(entry.decision, session, program, argv, workdir, facts, started)
-            self.metrics.cache_lookups.labels("miss").inc()
+            self._cache_misses.inc()
         request = pb.DetermineActionRequest(
             session=codec.session_to_pb(session), target=codec.target_to_pb(program, argv, workdir, facts),
             env={codec.wire_text(k): codec.wire_text(v) for k, v in (env or {}).items()},
@@ -348,7 +351,7 @@ class GrpcPolicy:
                        workdir: str, facts: ExecFacts | None, started: float) -> Decision:
         """A cache hit: the cached answer under a fresh decision id, queued for the audit log."""
         decision = dataclasses.replace(cached, decision_id=uuid.uuid4().hex)
-        self.metrics.cache_lookups.labels("hit").inc()
+        self._cache_hits.inc()
         self.stats[decision.action] += 1
         self.stats["cache_hit"] += 1
         self.cached_audit.add(Hit(
@@ -367,14 +370,25 @@ class GrpcPolicy:
         Raises:
             grpc.aio.AioRpcError: the call failed (the caller retries or counts the loss).
         """
-        request = pb.RecordCachedDecisionsRequest(decisions=[
-            pb.CachedDecision(
-                session=codec.session_to_pb(hit.session),
-                target=codec.target_to_pb(hit.program, hit.argv, hit.workdir, hit.facts),
+        # A batch is mostly the same few execs over and over: encode each session and each
+        # target once per batch (17 -> 5 us per hit here), the messages are copied into each line.
+        sessions: dict[int, pb.SessionContext] = {}  # by id(): the hits keep the objects alive
+        targets: dict[tuple[Any, ...], pb.ExecTarget] = {}
+        decisions = []
+        for hit in hits:
+            session = sessions.get(id(hit.session))
+            if session is None:
+                session = sessions[id(hit.session)] = codec.session_to_pb(hit.session)
+            key = (hit.program, hit.argv, hit.workdir, hit.facts)
+            target = targets.get(key)
+            if target is None:
+                target = targets[key] = codec.target_to_pb(hit.program, hit.argv, hit.workdir, hit.facts)
+            decisions.append(pb.CachedDecision(
+                session=session, target=target,
                 decision=codec.decision_to_pb(hit.decision), cached_from=hit.cached_from,
                 time_unix_ms=hit.time_unix_ms, latency_ms=hit.latency_ms,
-            ) for hit in hits
-        ])
+            ))
+        request = pb.RecordCachedDecisionsRequest(decisions=decisions)
         self._get_stub()
         assert self._record_call is not None
         started = time.monotonic()
