@@ -377,23 +377,23 @@ class EscalateRequest:
                          or _ascii_strings_violation("env", env, MAX_ENV_ITEMS, MAX_ENV_BYTES))
             if violation is not None:
                 raise BoundsError(violation)
-            return cls(file=file, argv=argv, workdir=workdir, env=env,
-                       target_fd=obj.get(TARGET_FD_EXTENSION_FIELD) is True,
-                       cached_only=obj.get(CACHED_ONLY_EXTENSION_FIELD) is True)
-        _expect(
-            isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()),
-            "request.env must be an object of strings",
-        )
-        # Before any work on the strings: a request of 500,000 path components once kept the
-        # policy service in realpath for minutes (issue #9).
-        violation = exec_bounds_violation({"request.file": file, "request.workdir": workdir}, argv, env)
-        if violation is not None:
-            raise BoundsError(violation)
+        else:
+            _expect(
+                isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()),
+                "request.env must be an object of strings",
+            )
+            # Before any work on the strings: a request of 500,000 path components once kept the
+            # policy service in realpath for minutes (issue #9).
+            violation = exec_bounds_violation({"request.file": file, "request.workdir": workdir}, argv, env)
+            if violation is not None:
+                raise BoundsError(violation)
+            file, argv, workdir = _canonical(file), [_canonical(a) for a in argv], _canonical(workdir)
+            env = {_canonical(k): _canonical(v) for k, v in env.items()}
         return cls(
-            file=_canonical(file),
-            argv=[_canonical(a) for a in argv],
-            workdir=_canonical(workdir),
-            env={_canonical(k): _canonical(v) for k, v in env.items()},
+            file=file,
+            argv=argv,
+            workdir=workdir,
+            env=env,
             target_fd=obj.get(TARGET_FD_EXTENSION_FIELD) is True,
             cached_only=obj.get(CACHED_ONLY_EXTENSION_FIELD) is True,
             cached_for_child=obj.get(CACHED_ONLY_EXTENSION_FIELD) is True
