@@ -97,15 +97,16 @@ REQUEST_ENV_EXCLUDED = OVERLAY_ENV_VARS
 #: Extra field of a request (execgate extension): ``true`` when exactly one fd rides on the
 #: request frame's first byte, the target the wrapper opened (``O_PATH``) and will execute.
 TARGET_FD_EXTENSION_FIELD = "execgate_target_fd"
-#: execgate extension: a request answered from the decision cache alone (module doc).
+#: execgate extension: the shim's query, answered only with a Run given without a prompt (module doc).
 CACHED_ONLY_EXTENSION_FIELD = "execgate_cached_only"
 #: execgate extension, with the cached-only field: the Run is for an exec by the caller's child
 #: (the shim's ``posix_spawn``), not by the caller itself (module doc).
 CACHED_FOR_CHILD_EXTENSION_FIELD = "execgate_cached_for_child"
-#: The action of the answer to a cached-only request that the cache does not cover.
+#: The action of the answer to a cached-only request that the policy does not answer Run.
 UNDECIDED_ACTION = "Undecided"
-#: Set to "1" in a session's env overlay when its policy keeps a decision cache: the preload
-#: shim then sends a cached-only query before it falls back to the wrapper (module doc).
+#: Set to "1" in a session's env overlay when its policy answers queries (``answers_queries``: a
+#: decision cache, or the in-process embedded service): the preload shim then sends a
+#: cached-only query before it falls back to the wrapper (module doc).
 CACHED_QUERY_ENV_VAR = "EXECGATE_CACHED_QUERY"
 #: Extra field of an Escalate response: the server accepts ``{"signal": N}`` frames.
 SIGNALS_EXTENSION_FIELD = "execgate_signals"
