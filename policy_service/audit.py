@@ -11,13 +11,17 @@ resolved: it may differ from ``program``, the name the caller gave; null when no
 such a line also has ``cached_from``, the decision id of the answer the entry came from, and
 ``cache_verified``: true when this service issued that answer, as cacheable, for the same key
 — false for an answer of another replica, one forgotten, or a claim that does not match).
-Lines are appended and flushed one by one, so ``tail -f`` and a crash both see whole lines.
+Lines are appended and flushed one by one, so ``tail -f`` and a crash both see whole lines. A line
+that cannot be written (a full disk) raises :class:`AuditWriteError` after what part of it reached
+the file is cut off again; the decision it records is then not given (docs/DESIGN.md §5).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
+import errno
 import json
 import logging
 import os
@@ -88,6 +92,10 @@ class AuditRecord:
         return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
+class AuditWriteError(OSError):
+    """A line could not be written to the audit log (disk full, I/O error, closed log)."""
+
+
 class AuditLog:
     """Appends :class:`AuditRecord` lines to a file.
 
@@ -100,22 +108,41 @@ class AuditLog:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        self._file: IO[str] = os.fdopen(fd, "a", encoding="utf-8")
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         # Handlers run on one event loop, but write() may also be called from executor threads.
         self._lock = threading.Lock()
 
     def write(self, record: AuditRecord) -> None:
-        """Append one line and flush it. A write failure is logged, never raised."""
-        line = record.to_json() + "\n"
+        """Append one whole line (one ``write(2)`` per piece, no buffer in between).
+
+        Raises:
+            AuditWriteError: the line could not be written (it is logged too); whatever part of
+                it reached the file is cut off again, so the file holds whole lines only. The
+                caller must not give an answer that is not in its audit log (docs/DESIGN.md §5).
+        """
+        line = (record.to_json() + "\n").encode("utf-8", "backslashreplace")
         with self._lock:
+            before = -1
             try:
-                self._file.write(line)
-                self._file.flush()
-            except (OSError, ValueError) as exc:
+                if self._fd < 0:
+                    raise OSError(errno.EBADF, "the audit log is closed")
+                before = os.fstat(self._fd).st_size
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(self._fd, view):]
+            except OSError as exc:
+                if before >= 0:
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(self._fd, before)
                 log.error("audit log %s: cannot write decision %s: %s", self.path, record.decision_id, exc)
+                raise AuditWriteError(exc.errno, f"audit log {self.path}: {exc.strerror or exc}") from exc
 
     def close(self) -> None:
-        """Close the file; later writes are logged as failures."""
+        """Close the file; later writes fail. Never raises (a close error is logged)."""
         with self._lock:
-            self._file.close()
+            fd, self._fd = self._fd, -1
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError as exc:
+                    log.error("audit log %s: close failed: %s", self.path, exc)

@@ -11,6 +11,7 @@ program, or a bubblewrap command line from the granted profile
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
@@ -22,7 +23,7 @@ from collections import OrderedDict
 from typing import Awaitable, Callable, Mapping, NamedTuple, Protocol, Sequence
 
 from execgate.policy_service.approvals import ApprovalBroker
-from execgate.policy_service.audit import AuditLog, AuditRecord
+from execgate.policy_service.audit import AuditLog, AuditRecord, AuditWriteError
 from execgate.policy_service.envclean import clean_env, withheld_note
 from execgate.policy_service.state import ApprovalState, InProcessState, SharedState, StateUnavailable
 from execgate.server.policy import CacheHint, Decision, ExecFacts, Execution, Permissions, PreparedExec, SessionContext
@@ -216,7 +217,14 @@ class DecisionService:
                 decided = Decided(denied, decided.approver, decided.prompt)
                 record = self._record(session, program, argv, workdir, denied, decided.approver, started, facts)
         if self.audit is not None:
-            self.audit.write(record)
+            try:
+                self.audit.write(record)
+            except AuditWriteError as exc:  # an answer that is not in the audit log is not given
+                denied = Decision.deny(str(exc), decision_id=decision_id, rule_id=decided.decision.rule_id, error=True)
+                decided = Decided(denied, decided.approver, decided.prompt)
+                with contextlib.suppress(AuditWriteError):
+                    self.audit.write(self._record(session, program, argv, workdir, denied, decided.approver,
+                                                  started, facts))
         if decided.cache is not None and fingerprint:
             self._remember(decided.decision, decided.cache, session, program, argv, workdir, facts)
         else:
@@ -274,7 +282,10 @@ class DecisionService:
             )
             await self.state.record(record)
             if self.audit is not None:
-                self.audit.write(record)
+                try:
+                    self.audit.write(record)
+                except AuditWriteError as exc:  # the client stops answering from its cache
+                    raise StateUnavailable(str(exc)) from exc
             written += 1
         return written
 

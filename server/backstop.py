@@ -14,7 +14,8 @@ each notification on the event loop (``loop.add_reader``):
 * an exec that the wrapper makes of a target the server has just approved for that process
   (:meth:`Backstop.expect`, called by the per-exec handler on Run, keyed by the wrapper's
   ``SO_PEERCRED`` pid) continues without a second decision, if the program and argv are exactly
-  those approved: the very file the server identified (device and inode; the wrapper's
+  those approved: the very file the server identified, unchanged (device and inode, change time
+  and size; the wrapper's
   ``execveat(fd, "", …, AT_EMPTY_PATH)`` of its target fd is seen as ``/proc/PID/fd/N``, whose
   stat is that file), else the same path or the file at it; likewise the shim's cached Run of a
   ``posix_spawn`` (``expect(..., child=True)``): one exec of exactly that file and argv by a child
@@ -71,7 +72,7 @@ MAX_ARGS = 65536
 class _Expected:
     program: str
     argv: bytes  # _argv_digest of the approved argv
-    ident: tuple[int, int] | None  # (st_dev, st_ino) of the file the server identified, if any
+    ident: tuple[int, int, int, int] | None  # (st_dev, st_ino, st_ctime_ns, st_size) identified, if any
     deadline: float  # time.monotonic() past which it is no longer expected
 
 
@@ -86,6 +87,7 @@ class _Exec:
     argv: list[bytes]
     workdir: str
     ident: tuple[int, int]  # (st_dev, st_ino) of the file the kernel's resolution reaches
+    version: tuple[int, int]  # its (st_ctime_ns, st_size) now
     fd: int  # O_PATH fd of that very file (owned by whoever holds this _Exec: _handle closes it)
 
 
@@ -129,7 +131,7 @@ class Backstop:
         self._expected: dict[int, _Expected] = {}
         #: Approved execs of a child: (parent tgid, (st_dev, st_ino), argv digest) → their deadlines
         #: (posix_spawn). Digests, not argvs: a session must not make the server hold its argvs.
-        self._expected_children: dict[tuple[int, tuple[int, int], bytes], list[float]] = {}
+        self._expected_children: dict[tuple[int, tuple[int, int, int, int], bytes], list[float]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -145,16 +147,18 @@ class Backstop:
             os.close(self.client_fd)
             self.client_fd = -1
 
-    def expect(self, pid: int, program: str, argv: Sequence[str], ident: tuple[int, int] | None = None,
+    def expect(self, pid: int, program: str, argv: Sequence[str], ident: tuple[int, int, int, int] | None = None,
                *, child: bool = False) -> None:
         """Record that process ``pid`` (server's pid namespace) was told Run for ``program`` (absolute)
         with ``argv`` (wire strings): its next exec, if exactly that, continues undecided.
 
         Args:
-            ident: ``(st_dev, st_ino)`` of the file the server identified for the request (the
-                wrapper's target fd, :mod:`execgate.server.identity`), or None. When given, the
-                exec must be of that very file, however it is named: the wrapper's
-                ``execveat(fd, "", …, AT_EMPTY_PATH)`` is seen as ``/proc/PID/fd/N``.
+            ident: ``(st_dev, st_ino, st_ctime_ns, st_size)`` of the file the server identified
+                for the request (the wrapper's target fd, :mod:`execgate.server.identity`), or
+                None. When given, the exec must be of that very file, however it is named (the
+                wrapper's ``execveat(fd, "", …, AT_EMPTY_PATH)`` is seen as ``/proc/PID/fd/N``),
+                and unchanged since: rewritten in place (same inode) into another kind of file,
+                or chmod'ed, it is decided again (its change time and size differ).
             child: the Run is for an exec by a child of ``pid`` (the shim's ``posix_spawn``,
                 server/protocol.py "Cached-only query"): one exec of exactly that file (``ident``
                 required) and argv by a process whose parent is ``pid`` continues undecided.
@@ -329,7 +333,7 @@ class Backstop:
             program, fd = _locate(notif.pid, path, dirfd, flags)
             try:
                 st = os.fstat(fd)
-                ident = (st.st_dev, st.st_ino)
+                ident, version = (st.st_dev, st.st_ino), (st.st_ctime_ns, st.st_size)
                 if kind == "execve" and self._shell is None and ident == self._wrapper_id:
                     if not sn.id_valid(self._listener, notif.id):
                         raise sn.NotificationGone
@@ -344,7 +348,7 @@ class Backstop:
                 raise
         finally:
             os.close(mem)
-        return _Exec(notif.pid, tgid, ppid, program, argv, workdir, ident, fd)
+        return _Exec(notif.pid, tgid, ppid, program, argv, workdir, ident, version, fd)
 
     def _undecided(self, tid: int, exe: _Exec) -> bool:
         """True for the execs that continue without a decision (see the module docstring)."""
@@ -362,11 +366,11 @@ class Backstop:
             return False
         # Only the very file the server identified, by any name; a request it could not identify
         # is decided again here, on the file the kernel will run.
-        return expected.ident is not None and exe.ident == expected.ident
+        return expected.ident is not None and exe.ident + exe.version == expected.ident
 
     def _take_child(self, exe: _Exec, now: float) -> bool:
         """Consume one live approval of exactly this exec by a child of ``exe.ppid``, if any."""
-        key = (exe.ppid, exe.ident, _argv_digest(exe.argv))
+        key = (exe.ppid, exe.ident + exe.version, _argv_digest(exe.argv))
         deadlines = self._expected_children.get(key)
         if deadlines is None:
             return False

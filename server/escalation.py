@@ -93,7 +93,7 @@ async def handle_connection(
         on_spawn: called with each escalated child right after it starts, so that the session can
             kill its process group when the session closes.
         on_run: called with the program (absolute), argv and the identified file's
-            ``(st_dev, st_ino)`` (or None) just before a Run answer is sent (the seccomp backstop
+            ``(st_dev, st_ino, st_ctime_ns, st_size)`` (or None) just before a Run answer is sent (the seccomp backstop
             lets the wrapper's exec of exactly that through undecided); with a fourth argument
             True when the Run is for the caller's child (a cached-only query for a
             ``posix_spawn``, :data:`~execgate.server.protocol.CACHED_FOR_CHILD_EXTENSION_FIELD`).
@@ -207,10 +207,10 @@ def _same_file_outside(decision: Decision, program: str, facts: ExecFacts | None
         rule_id=decision.rule_id, decision_id=decision.decision_id)
 
 
-def _dev_ino(facts: ExecFacts | None) -> tuple[int, int] | None:
-    """``(st_dev, st_ino)`` of the identified file, or None."""
+def _dev_ino(facts: ExecFacts | None) -> tuple[int, int, int, int] | None:
+    """``(st_dev, st_ino, st_ctime_ns, st_size)`` of the identified file, or None."""
     identity = None if facts is None else facts.identity
-    return None if identity is None else (identity.device, identity.inode)
+    return None if identity is None else (identity.device, identity.inode, identity.changed_ns, identity.size)
 
 
 async def _send(conn: socket.socket, message: Any) -> None:

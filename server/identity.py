@@ -173,7 +173,7 @@ def judge(root: int, program: str, uid: int, fd: int | None, walked: Walked | No
         source=source, device=st.st_dev, inode=st.st_ino, uid=st.st_uid, mode=st.st_mode,
         real_path=real, root_dir_chain=chain_ok, caller_can_modify=modifiable,
         pseudo_fs=is_pseudo(program) or is_pseudo(real) or walked is None,
-        same_for_server=_same_for_server(program, st),
+        same_for_server=_same_for_server(program, st), changed_ns=st.st_ctime_ns, size=st.st_size,
     )
 
 

@@ -338,7 +338,7 @@ class Session:
         pid, uid = (None, None) if peer is None else peer
         if self.backstop is not None and pid is not None:
             backstop, caller = self.backstop, pid
-            def on_run(program: str, argv: list[str], ident: tuple[int, int] | None, child: bool = False) -> None:
+            def on_run(program: str, argv: list[str], ident: tuple[int, ...] | None, child: bool = False) -> None:
                 backstop.expect(caller, program, argv, ident, child=child)
         coverage = self.coverage
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from execgate.server.policy import PreparedExec
+from execgate.server.policy import PolicyError, PreparedExec
 
 
 def wire_text(text: str) -> str:
@@ -35,10 +35,22 @@ def wire_text(text: str) -> str:
 
 def restore_text(prepared: PreparedExec, originals: Sequence[str]) -> PreparedExec:
     """``prepared`` with every value equal to ``wire_text(x)`` of an original ``x`` (a string that
-    held non-UTF-8 bytes) replaced by ``x``, so that the escalated command gets the exact bytes."""
+    held non-UTF-8 bytes) replaced by ``x``, so that the escalated command gets the exact bytes.
+
+    Raises:
+        PolicyError: two different originals have the same text (the byte 0xff and the four
+            characters ``\xff``, in either order): a value of the answer could stand for
+            either, so which bytes the command would get is not known; the escalation is
+            refused rather than guessed.
+    """
     back = {wired: text for text in originals if (wired := wire_text(text)) != text}
     if not back:
         return prepared
+    for text in originals:
+        wired = wire_text(text)
+        if wired in back and back[wired] != text:
+            raise PolicyError(f"refused: {wired!r} names two different byte strings of this request (one of "
+                              "them not UTF-8); the escalated command could get the wrong one")
     fix = lambda value: back.get(value, value)  # noqa: E731
     return PreparedExec(
         command=tuple(map(fix, prepared.command)),

@@ -306,3 +306,41 @@ def test_the_audit_line_names_the_file_that_runs(attacker: Attacker) -> None:
     assert [r["real_path"] for r in claimed] == [str(work / "copy")], records
     linked = [r for r in records if r["program"] == str(work / "t")]
     assert [r["real_path"] for r in linked] == [os.path.realpath("/bin/true")], records
+
+
+STATIC_MARKER = r"""
+#include <fcntl.h>
+#include <unistd.h>
+int main(void) {
+    int fd = open("MARKERS/static", O_WRONLY | O_CREAT, 0644);
+    write(1, "STATIC MARKER RAN\n", 18);
+    return fd < 0;
+}
+"""
+
+
+@pytest.mark.parametrize("kind", ["query", "full"])
+def test_an_approved_file_rewritten_in_place_is_decided_again(attacker: Attacker, kind: str) -> None:
+    """A Run is for the file as it was judged: a copy of /bin/true (dynamic) gets Run; the caller
+    then rewrites it in place (same inode) into a static program, which a ``file_kind`` rule
+    denies, and executes the fd it asked with. The backstop must not let that exec through as the
+    approved one: the file's change time and size differ, so it is decided again — and denied."""
+    work = attacker.workdir()
+    source = STATIC_MARKER.replace("MARKERS", str(attacker.markers))
+    (work / "smark.c").write_text(source)
+    subprocess.run(["gcc", "-static", "-O1", "-o", str(work / "smark"), str(work / "smark.c")], check=True)
+    os.chown(work / "smark", attacker.uid, attacker.gid)
+    (work / "rules.toml").write_text('[[rule]]\nid = "no-static"\nfile_kind = ["static"]\ndecision = "deny"\n'
+                                     'justification = "static programs are not allowed"\n')
+    shutil.copy(QUERY, work / "q.py")
+    audit = work / "audit.jsonl"
+    py = sys.executable
+    script = f"cp /bin/true ./f; ./smark; {py} q.py rewrite-exec {kind} {work / 'f'} ./smark f; echo end"
+    done = attacker.execgate("run", "-q", "--sandbox", "bwrap", "--rules", str(work / "rules.toml"),
+                             "--audit-log", str(audit), "--cwd", str(work), "--", script, cwd=work)
+    out = done.stdout + done.stderr
+    assert "end" in done.stdout and f"ANSWER {work / 'f'} Run" in done.stdout, out
+    assert "SAME INODE True" in done.stdout, out
+    assert "STATIC MARKER RAN" not in done.stdout and not attacker.marker_ran("static"), out
+    assert "EXEC EACCES" in done.stdout, out
+    assert done.stderr.count("Execution denied: static programs are not allowed") == 2, out  # ./smark, then f

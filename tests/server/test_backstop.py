@@ -61,8 +61,9 @@ def _matcher() -> "backstop.Backstop":
     return b
 
 
-def _exe(tgid: int, ppid: int, ident: tuple[int, int], argv: list[bytes]) -> "backstop._Exec":
-    return backstop._Exec(tgid, tgid, ppid, "/bin/x", argv, "/", ident, -1)
+def _exe(tgid: int, ppid: int, ident: tuple[int, int], argv: list[bytes],
+         version: tuple[int, int] = (7, 8)) -> "backstop._Exec":
+    return backstop._Exec(tgid, tgid, ppid, "/bin/x", argv, "/", ident, version, -1)
 
 
 def test_an_approved_exec_is_undecided_once_and_only_before_its_deadline(monkeypatch) -> None:
@@ -72,24 +73,27 @@ def test_an_approved_exec_is_undecided_once_and_only_before_its_deadline(monkeyp
     now = [1000.0]
     monkeypatch.setattr(backstop.time, "monotonic", lambda: now[0])
     b = _matcher()
-    b.expect(10, "/bin/x", ["x"], (5, 6))
+    b.expect(10, "/bin/x", ["x"], (5, 6, 7, 8))
     assert not b._undecided(10, _exe(10, 1, (5, 7), [b"x"]))  # another file: decided (and consumed)
     assert not b._undecided(10, _exe(10, 1, (5, 6), [b"x"]))
-    b.expect(10, "/bin/x", ["x"], (5, 6))
+    b.expect(10, "/bin/x", ["x"], (5, 6, 7, 8))
     assert b._undecided(10, _exe(10, 1, (5, 6), [b"x"]))
-    b.expect(10, "/bin/x", ["x"], (5, 6))
+    b.expect(10, "/bin/x", ["x"], (5, 6, 7, 8))
+    assert not b._undecided(10, _exe(10, 1, (5, 6), [b"x"], version=(9, 8)))  # rewritten in place since
+    b.expect(10, "/bin/x", ["x"], (5, 6, 7, 8))
     now[0] += backstop.EXPECTED_TTL_S + 1
     assert not b._undecided(10, _exe(10, 1, (5, 6), [b"x"]))  # kept too long: decided again
 
-    b.expect(20, "/bin/x", ["x"], (5, 6), child=True)
-    b.expect(20, "/bin/x", ["x"], (5, 6), child=True)
+    b.expect(20, "/bin/x", ["x"], (5, 6, 7, 8), child=True)
+    b.expect(20, "/bin/x", ["x"], (5, 6, 7, 8), child=True)
     assert not b._undecided(30, _exe(30, 21, (5, 6), [b"x"]))  # not a child of 20
     assert not b._undecided(31, _exe(31, 20, (5, 6), [b"y"]))  # other argv
     assert not b._undecided(32, _exe(32, 20, (5, 9), [b"x"]))  # other file
+    assert not b._undecided(32, _exe(32, 20, (5, 6), [b"x"], version=(7, 9)))  # same inode, other size
     assert b._undecided(33, _exe(33, 20, (5, 6), [b"x"]))
     assert b._undecided(34, _exe(34, 20, (5, 6), [b"x"]))
     assert not b._undecided(35, _exe(35, 20, (5, 6), [b"x"]))  # two approvals, two execs
-    b.expect(20, "/bin/x", ["x"], (5, 6), child=True)
+    b.expect(20, "/bin/x", ["x"], (5, 6, 7, 8), child=True)
     now[0] += backstop.EXPECTED_TTL_S + 1
     assert not b._undecided(36, _exe(36, 20, (5, 6), [b"x"]))
     b.expect(20, "/bin/x", ["x"], None, child=True)  # an unidentified file is never expected
@@ -108,8 +112,8 @@ def test_approvals_do_not_keep_the_argvs_a_session_sends() -> None:
     try:
         before = tracemalloc.get_traced_memory()[0]
         for i in range(200):
-            b.expect(20, "/bin/true", ["/bin/true", big + str(i)], (5, 6), child=True)
-            b.expect(20 + i, "/bin/true", ["/bin/true", big + str(i)], (5, 6))
+            b.expect(20, "/bin/true", ["/bin/true", big + str(i)], (5, 6, 7, 8), child=True)
+            b.expect(20 + i, "/bin/true", ["/bin/true", big + str(i)], (5, 6, 7, 8))
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()

@@ -13,6 +13,9 @@ Usage:
         call, past the shim; prints ``EXEC <errno name>`` if that fails)
     python3 cached_query.py ask-other FILE OTHER ARGV0 [ARGV1 ...]
         (a full request, not cached-only, naming FILE with the fd of OTHER attached)
+    python3 cached_query.py rewrite-exec query|full FILE SOURCE ARGV0 [ARGV1 ...]
+        (ask about FILE with its fd attached; on Run, rewrite FILE in place — same inode — with
+        SOURCE's bytes, then execveat the fd by the raw system call; prints ``EXEC <errno>``)
     python3 cached_query.py query-child-exec FILE ARGV0 [ARGV1 ...] -- OTHER
         (the same for an exec by a child, as the shim's posix_spawn asks: a forked child
         execs OTHER; prints ``CHILD <status>``)
@@ -29,6 +32,8 @@ import struct
 import sys
 
 SYS_EXECVE = 59  # x86_64
+SYS_EXECVEAT = 322  # x86_64
+AT_EMPTY_PATH = 0x1000
 
 
 def query(file: str, argv: list[str], child: bool = False, opened: str | None = None,
@@ -57,6 +62,22 @@ def query(file: str, argv: list[str], child: bool = False, opened: str | None = 
 def main() -> int:
     mode, rest = sys.argv[1], sys.argv[2:]
     other = None
+    if mode == "rewrite-exec":
+        kind, file, source, argv = rest[0], rest[1], rest[2], rest[3:]
+        action, target = query(file, argv, cached_only=kind == "query")
+        print(f"ANSWER {file} {action}", flush=True)
+        if action != "Run":
+            return 0
+        with open(source, "rb") as src, open(file, "r+b") as dst:
+            dst.truncate(0)
+            dst.write(src.read())
+        print(f"SAME INODE {os.stat(file).st_ino == os.fstat(target).st_ino}", flush=True)
+        libc = ctypes.CDLL(None, use_errno=True)
+        args = (ctypes.c_char_p * (len(argv) + 1))(*[a.encode() for a in argv], None)
+        envp = (ctypes.c_char_p * 1)(None)
+        libc.syscall(SYS_EXECVEAT, target, b"", args, envp, AT_EMPTY_PATH)
+        print(f"EXEC {errno.errorcode.get(ctypes.get_errno(), '?')}", flush=True)
+        return 0
     if mode == "ask-other":
         action, _target = query(rest[0], rest[2:], opened=rest[1], cached_only=False)
         print(f"ANSWER {rest[0]} {action}", flush=True)

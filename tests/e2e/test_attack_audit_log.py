@@ -1,0 +1,65 @@
+"""Attack: an audit log that cannot be written (red-team finding, 2026-12-02). A session's own
+decisions can fill the disk holding the audit log (a Run's line carries its argv: ~1 MB each);
+after that, execs used to run with no line at all, a cut-off line was left at the end of the
+file, and ``execgate run`` died at exit with a traceback. An answer that is not in the audit log
+is not given: every decision is then a Deny naming the cause, the file holds whole lines only,
+and the run ends normally.
+
+The full disk is a 2 MiB tmpfs mounted here for the audit log (root only, as CI runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+#: Each exec carries a ~1 MB argv (so its audit line is ~1 MB) and prints RAN-<i> if it runs.
+SCRIPT = ('big=$(head -c 100000 /dev/zero | tr "\\0" A); '
+          'for i in 1 2 3 4 5 6; do /bin/sh -c \'echo RAN-$1\' sh $i $big $big $big $big $big $big $big $big $big $big; '
+          'sleep 0.7; done; echo end')
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], check=True)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.parametrize("mode", [(), ("--cache-ttl", "60")], ids=["inprocess", "cache"])
+def test_no_exec_runs_without_its_audit_line(small_disk: Path, tmp_path: Path, mode: tuple[str, ...]) -> None:
+    audit = small_disk / "audit.jsonl"
+    done = subprocess.run([sys.executable, "-m", "execgate.server.cli", "run", "-q", "--sandbox", "none", *mode,
+                           "--audit-log", str(audit), "--cwd", str(tmp_path), "--", SCRIPT],
+                          capture_output=True, text=True, timeout=180, check=False)
+    out = done.stdout + done.stderr
+    assert "end" in done.stdout, out
+    assert "Execution denied: " in done.stderr and "audit log" in done.stderr, out  # the disk did fill
+    assert "Traceback" not in done.stderr and done.returncode == 0, out
+    lines = audit.read_bytes().split(b"\n")
+    assert lines[-1] == b"", "the file ends with a cut-off line"
+    records = [json.loads(line) for line in lines[:-1]]  # every line whole
+    ran = {line.split("-", 1)[1] for line in done.stdout.splitlines() if line.startswith("RAN-")}
+    audited = {r["argv"][4] for r in records if r["program"] == "/bin/sh" and r["decision"] == "run"}
+    if mode:
+        # A cache hit is answered before its line is written (batched every 0.5 s, docs/DESIGN.md
+        # §9): the one made before the failed write was seen may be lost — said on stderr — and
+        # then the cache is emptied, so every later exec is decided, and denied.
+        assert ran and len(ran - audited) <= 1, (ran, audited)
+        assert not (ran - audited) or "will not be in the audit log" in done.stderr, out
+    else:
+        assert ran and ran <= audited, (ran, audited)  # no exec ran without its line
+    assert len(ran) < 6, ran  # and some were denied
