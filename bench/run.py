@@ -46,7 +46,7 @@ FIGURE_NAMES = (
     "run_native_cached_ms_per_exec", "run_native_uncached_ms_per_exec",
     "run_native_separate_cached_ms_per_exec", "run_native_separate_uncached_ms_per_exec",
     "escalate_native_separate_ms_per_exec",
-    "build_gated_ratio", "build_uncached_ratio", "build_execs", "build_cache_hit_rate",
+    "build_default_ratio", "build_gated_ratio", "build_uncached_ratio", "build_execs", "build_cache_hit_rate",
 )
 
 MODES = {
