@@ -13,7 +13,8 @@ such a line also has ``cached_from``, the decision id of the answer the entry ca
 — false for an answer of another replica, one forgotten, or a claim that does not match).
 Lines are appended and flushed one by one, so ``tail -f`` and a crash both see whole lines. A line
 that cannot be written (a full disk) raises :class:`AuditWriteError` after what part of it reached
-the file is cut off again; the decision it records is then not given (docs/DESIGN.md §5).
+the file is cut off again; the decision it records is then not given (docs/DESIGN.md §5). Writers
+in several processes (two runs given one file) take an exclusive ``flock`` per line.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import errno
+import fcntl
 import json
 import logging
 import os
@@ -123,9 +125,14 @@ class AuditLog:
         line = (record.to_json() + "\n").encode("utf-8", "backslashreplace")
         with self._lock:
             before = -1
+            locked = False
             try:
                 if self._fd < 0:
                     raise OSError(errno.EBADF, "the audit log is closed")
+                # Another process may append to the same file (two runs given one --audit-log):
+                # the size read, the write and a cut-off must not interleave with its own.
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+                locked = True
                 before = os.fstat(self._fd).st_size
                 view = memoryview(line)
                 while view:
@@ -136,6 +143,10 @@ class AuditLog:
                         os.ftruncate(self._fd, before)
                 log.error("audit log %s: cannot write decision %s: %s", self.path, record.decision_id, exc)
                 raise AuditWriteError(exc.errno, f"audit log {self.path}: {exc.strerror or exc}") from exc
+            finally:
+                if locked:
+                    with contextlib.suppress(OSError):
+                        fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
         """Close the file; later writes fail. Never raises (a close error is logged)."""

@@ -50,7 +50,8 @@ from typing import Sequence
 
 from execgate.server import protocol as p
 from execgate.server import seccomp_notify as sn
-from execgate.server.exec_facts import Coverage, learn
+from execgate.server.exec_facts import Coverage, learn, read_info
+from execgate.server.fileinfo import kinds
 from execgate.server.fdpass import close_fds, recv_datagram
 from execgate.server.identity import Unresolved, open_fd_of, open_root, walk
 from execgate.server.policy import Decision, ExecFacts, Policy, SessionContext
@@ -74,6 +75,7 @@ class _Expected:
     argv: bytes  # _argv_digest of the approved argv
     ident: tuple[int, int, int, int] | None  # (st_dev, st_ino, st_ctime_ns, st_size) identified, if any
     deadline: float  # time.monotonic() past which it is no longer expected
+    kinds: frozenset[str] | None  # the file's kinds as judged, for a file the caller can modify
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +133,8 @@ class Backstop:
         self._expected: dict[int, _Expected] = {}
         #: Approved execs of a child: (parent tgid, (st_dev, st_ino), argv digest) → their deadlines
         #: (posix_spawn). Digests, not argvs: a session must not make the server hold its argvs.
-        self._expected_children: dict[tuple[int, tuple[int, int, int, int], bytes], list[float]] = {}
+        self._expected_children: dict[tuple[int, tuple[int, int, int, int], bytes],
+                                      list[tuple[float, frozenset[str] | None]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -148,7 +151,7 @@ class Backstop:
             self.client_fd = -1
 
     def expect(self, pid: int, program: str, argv: Sequence[str], ident: tuple[int, int, int, int] | None = None,
-               *, child: bool = False) -> None:
+               *, child: bool = False, kinds: frozenset[str] | None = None) -> None:
         """Record that process ``pid`` (server's pid namespace) was told Run for ``program`` (absolute)
         with ``argv`` (wire strings): its next exec, if exactly that, continues undecided.
 
@@ -159,6 +162,10 @@ class Backstop:
                 wrapper's ``execveat(fd, "", …, AT_EMPTY_PATH)`` is seen as ``/proc/PID/fd/N``),
                 and unchanged since: rewritten in place (same inode) into another kind of file,
                 or chmod'ed, it is decided again (its change time and size differ).
+            kinds: the file's kinds (:func:`~execgate.server.fileinfo.kinds`) as judged, given
+                for a file the caller can modify: its contents are read again at the exec and
+                must still be of those kinds (a write through a shared mapping changes neither
+                the change time nor the size), else it is decided again.
             child: the Run is for an exec by a child of ``pid`` (the shim's ``posix_spawn``,
                 server/protocol.py "Cached-only query"): one exec of exactly that file (``ident``
                 required) and argv by a process whose parent is ``pid`` continues undecided.
@@ -169,18 +176,18 @@ class Backstop:
             if ident is not None:
                 children = self._expected_children
                 if len(children) >= MAX_EXPECTED // 2:  # drop what has expired before dropping the oldest
-                    for old in [k for k, v in children.items() if v[-1] < now]:
+                    for old in [k for k, v in children.items() if v[-1][0] < now]:
                         del children[old]
                 key = (pid, ident, digest)
                 if len(children) >= MAX_EXPECTED and key not in children:
                     children.pop(next(iter(children)))
                 deadlines = children.setdefault(key, [])
-                deadlines.append(now + EXPECTED_TTL_S)
+                deadlines.append((now + EXPECTED_TTL_S, kinds))
                 del deadlines[:-MAX_EXPECTED_PER_CHILD_KEY]
             return
         if len(self._expected) >= MAX_EXPECTED:
             self._expected.pop(next(iter(self._expected)))  # the oldest: its wrapper never exec'd
-        self._expected[pid] = _Expected(program, digest, ident, now + EXPECTED_TTL_S)
+        self._expected[pid] = _Expected(program, digest, ident, now + EXPECTED_TTL_S, kinds)
 
     async def serve(self) -> None:
         """Take the launcher's listener and serve it until :meth:`close`. Never raises but for
@@ -364,9 +371,10 @@ class Backstop:
             return True  # an approved posix_spawn of its parent's
         if expected is None or expected.deadline < now or _argv_digest(exe.argv) != expected.argv:
             return False
-        # Only the very file the server identified, by any name; a request it could not identify
-        # is decided again here, on the file the kernel will run.
-        return expected.ident is not None and exe.ident + exe.version == expected.ident
+        # Only the very file the server identified, by any name, unchanged; a request it could
+        # not identify is decided again here, on the file the kernel will run.
+        return (expected.ident is not None and exe.ident + exe.version == expected.ident
+                and _same_kinds(exe, expected.kinds))
 
     def _take_child(self, exe: _Exec, now: float) -> bool:
         """Consume one live approval of exactly this exec by a child of ``exe.ppid``, if any."""
@@ -374,13 +382,12 @@ class Backstop:
         deadlines = self._expected_children.get(key)
         if deadlines is None:
             return False
-        live = [d for d in deadlines if d >= now]
-        taken = bool(live)
+        live = [entry for entry in deadlines if entry[0] >= now]
         if live[1:]:
             self._expected_children[key] = live[1:]
         else:
             del self._expected_children[key]
-        return taken
+        return bool(live) and _same_kinds(exe, live[0][1])
 
     async def _decide(self, exe: _Exec) -> int:
         """Ask the policy; returns 0 (Run) or the errno the exec fails with."""
@@ -462,6 +469,14 @@ def _ident(path: str) -> tuple[int, int] | None:
 def _signed32(value: int) -> int:
     value &= 0xFFFFFFFF
     return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def _same_kinds(exe: _Exec, expected: frozenset[str] | None) -> bool:
+    """True unless ``expected`` kinds are given and the file on ``exe.fd`` is not of them now."""
+    if expected is None:
+        return True
+    info, _problem = read_info(None, exe.fd)
+    return kinds(info) == expected
 
 
 def _argv_digest(argv: Sequence[bytes]) -> bytes:

@@ -235,7 +235,7 @@ class CachedAudit:
     """
 
     def __init__(self, send: Sender, *, on_fingerprint: Callable[[str], None] | None = None,
-                 interval_s: float = 0.5, batch: int = 256, attempts: int = 3, max_queue: int = 65536,
+                 interval_s: float = 0.5, batch: int = 64, attempts: int = 3, max_queue: int = 65536,
                  on_lost: Callable[[int], None] | None = None) -> None:
         self._send = send
         self._on_fingerprint = on_fingerprint
@@ -327,6 +327,9 @@ class CachedAudit:
                 pass
         if self._queue and self._loop is asyncio.get_running_loop():
             await self.flush()
+        if self._queue:  # a failed last send: these lines will never be written
+            self._lose(len(self._queue), "the last send before closing failed")
+            self._queue = []
         self._wake = self._lock = self._loop = None
 
     def _lose(self, n: int, why: str) -> None:

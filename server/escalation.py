@@ -94,9 +94,10 @@ async def handle_connection(
             kill its process group when the session closes.
         on_run: called with the program (absolute), argv and the identified file's
             ``(st_dev, st_ino, st_ctime_ns, st_size)`` (or None) just before a Run answer is sent (the seccomp backstop
-            lets the wrapper's exec of exactly that through undecided); with a fourth argument
-            True when the Run is for the caller's child (a cached-only query for a
-            ``posix_spawn``, :data:`~execgate.server.protocol.CACHED_FOR_CHILD_EXTENSION_FIELD`).
+            lets the wrapper's exec of exactly that through undecided); then whether the Run is
+            for the caller's child (a cached-only query for a ``posix_spawn``,
+            :data:`~execgate.server.protocol.CACHED_FOR_CHILD_EXTENSION_FIELD`), and the file's
+            kinds when the caller could modify it (None otherwise: :func:`_kinds_to_recheck`).
         learn: given the program (absolute, lexically normalised), the wrapper's target fd
             (owned: ``learn`` closes it; None without one) and the path as the kernel resolves it
             (``file`` joined to ``workdir``, not normalised), what the server learns of the file
@@ -123,10 +124,8 @@ async def handle_connection(
             decision = await _decide(policy, program, request, context, facts)
         decision = _same_file_outside(decision, program, facts)
         if decision.action == "run":
-            if on_run is not None and request.cached_for_child:
-                on_run(program, list(request.argv), _dev_ino(facts), True)
-            elif on_run is not None:
-                on_run(program, list(request.argv), _dev_ino(facts))
+            if on_run is not None:
+                on_run(program, list(request.argv), _dev_ino(facts), request.cached_for_child, _kinds_to_recheck(facts))
             if decision.note and on_note is not None:
                 on_note(decision.note)
             await _send(conn, p.EscalateResponse("Run"))
@@ -205,6 +204,14 @@ def _same_file_outside(decision: Decision, program: str, facts: ExecFacts | None
         f"{program} is not the same file outside the sandbox (where an escalated command "
         f"runs) as the one the caller would run ({identity.real_path or 'unnamed'})",
         rule_id=decision.rule_id, decision_id=decision.decision_id)
+
+
+def _kinds_to_recheck(facts: ExecFacts | None) -> frozenset[str] | None:
+    """The file's kinds as judged when the caller could change the file (its contents may be
+    rewritten between this Run and the exec, even keeping its change time: the backstop reads
+    them again), else None."""
+    identity = None if facts is None else facts.identity
+    return None if identity is None or not identity.caller_can_modify else facts.kinds
 
 
 def _dev_ino(facts: ExecFacts | None) -> tuple[int, int, int, int] | None:

@@ -171,8 +171,9 @@ def _describe(root: int | None, fd: int) -> FileInfo:
         os.close(interp.fd)
 
 
-def _read(root: int | None, fd: int) -> tuple[FileInfo | None, str | None]:
-    """``(info, None)`` for the file on ``fd``, or ``(None, why)`` when it cannot be read."""
+def read_info(root: int | None, fd: int) -> tuple[FileInfo | None, str | None]:
+    """``(info, None)`` for the file on ``fd`` (borrowed), or ``(None, why)`` when it cannot be
+    read; ``root`` (borrowed, or None) resolves a script's interpreter."""
     try:
         return _describe(root, fd), None
     except (NotRegular, OSError) as exc:
@@ -200,12 +201,12 @@ def gather(pid: int | None, program: str, coverage: Coverage, *, uid: int | None
         The facts; never raises: what cannot be learnt is None, with the reason in ``problem``.
     """
     if pid is None:
-        info, problem = _read(None, fd) if fd is not None else (None, "caller pid unknown")
+        info, problem = read_info(None, fd) if fd is not None else (None, "caller pid unknown")
         return ExecFacts(info, children_unseen(info, coverage, None), problem)
     try:
         root = open_root(pid)
     except OSError as exc:
-        info, problem = _read(None, fd) if fd is not None else (None, f"caller's root: {exc}")
+        info, problem = read_info(None, fd) if fd is not None else (None, f"caller's root: {exc}")
         return ExecFacts(info, children_unseen(info, coverage, None), problem)
     walked: Walked | None = None
     runs: Walked | None = None  # the file the kernel's own resolution of ``path`` reaches
@@ -227,7 +228,7 @@ def gather(pid: int | None, program: str, coverage: Coverage, *, uid: int | None
             identity = None if uid is None else _judge(root, program, uid, fd, walked)
             target = fd if fd is not None else (None if walked is None else walked.fd)
             if target is not None:
-                info, problem = _read(root, target)
+                info, problem = read_info(root, target)
             else:
                 info = None
     finally:

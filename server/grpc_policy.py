@@ -148,7 +148,9 @@ class GrpcPolicy:
             :class:`~execgate.server.decision_cache.DecisionCache`, an instance, or False/None to
             ask the service about every exec whatever it marks cacheable.
         audit_interval_s, audit_batch: how often, and from how many waiting hits, cached
-            decisions are sent to the service's audit log.
+            decisions are sent to the service's audit log; ``audit_batch`` is also the most
+            hits answered before their lines are written (past it, an exec is asked of the
+            service, which writes its line before answering).
 
     The channel is created lazily inside the running event loop on the first call; close it
     with :meth:`aclose`. ``stats`` counts outcomes: run, escalate, deny (policy denials) and
@@ -166,7 +168,7 @@ class GrpcPolicy:
         metrics: ClientMetrics | None = None,
         cache: DecisionCache | bool | None = True,
         audit_interval_s: float = 0.5,
-        audit_batch: int = 256,
+        audit_batch: int = 64,
     ) -> None:
         self.address = address
         self.timeout_s = timeout_s
@@ -331,9 +333,11 @@ class GrpcPolicy:
         READY (gRPC's own view, health checking included). A service that is down, unhealthy or
         hung (a frozen process keeps its connection READY) gets every exec decided, and so denied,
         as without the cache once that window has passed (fail closed); no hit is made that could
-        not be audited."""
+        not be audited, and at most ``audit_batch`` hits wait for their audit lines at once (a
+        failure to write them loses no more than those: :class:`CachedAudit` counts them)."""
         channel = self._channel
         return (self._cache_ok and channel is not None and self._loop is asyncio.get_running_loop()
+                and self.cached_audit.waiting < self.cached_audit.batch
                 and time.monotonic() - self._last_contact <= self._contact_s
                 and channel.get_state() == grpc.ChannelConnectivity.READY)
 

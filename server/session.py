@@ -338,8 +338,9 @@ class Session:
         pid, uid = (None, None) if peer is None else peer
         if self.backstop is not None and pid is not None:
             backstop, caller = self.backstop, pid
-            def on_run(program: str, argv: list[str], ident: tuple[int, ...] | None, child: bool = False) -> None:
-                backstop.expect(caller, program, argv, ident, child=child)
+            def on_run(program: str, argv: list[str], ident: tuple[int, int, int, int] | None, child: bool = False,
+                       kinds: frozenset[str] | None = None) -> None:
+                backstop.expect(caller, program, argv, ident, child=child, kinds=kinds)
         coverage = self.coverage
 
         async def learn_facts(program: str, fd: int | None, path: str) -> ExecFacts:

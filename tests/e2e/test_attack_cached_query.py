@@ -319,12 +319,15 @@ int main(void) {
 """
 
 
-@pytest.mark.parametrize("kind", ["query", "full"])
+@pytest.mark.parametrize("kind", ["query", "full", "mmap"])
 def test_an_approved_file_rewritten_in_place_is_decided_again(attacker: Attacker, kind: str) -> None:
     """A Run is for the file as it was judged: a copy of /bin/true (dynamic) gets Run; the caller
     then rewrites it in place (same inode) into a static program, which a ``file_kind`` rule
     denies, and executes the fd it asked with. The backstop must not let that exec through as the
-    approved one: the file's change time and size differ, so it is decided again — and denied."""
+    approved one: it is decided again — and denied. By truncate and write the change time and
+    size differ; through a shared mapping whose pages were written before the check (``mmap``:
+    red-team round 3) neither does, and the backstop reads the kinds of a file the caller can
+    modify again."""
     work = attacker.workdir()
     source = STATIC_MARKER.replace("MARKERS", str(attacker.markers))
     (work / "smark.c").write_text(source)
@@ -335,12 +338,22 @@ def test_an_approved_file_rewritten_in_place_is_decided_again(attacker: Attacker
     shutil.copy(QUERY, work / "q.py")
     audit = work / "audit.jsonl"
     py = sys.executable
-    script = f"cp /bin/true ./f; ./smark; {py} q.py rewrite-exec {kind} {work / 'f'} ./smark f; echo end"
+    if kind == "mmap":  # one size for both, so that the rewrite keeps it
+        size = max(os.path.getsize("/bin/true"), os.path.getsize(work / "smark"))
+        for name in ("smark",):
+            with open(work / name, "ab") as grow:
+                grow.truncate(size)
+        prepare = f"cp /bin/true ./f && truncate -s {size} ./f"
+    else:
+        prepare = "cp /bin/true ./f"
+    script = f"{prepare}; ./smark; {py} q.py rewrite-exec {kind} {work / 'f'} ./smark f; echo end"
     done = attacker.execgate("run", "-q", "--sandbox", "bwrap", "--rules", str(work / "rules.toml"),
                              "--audit-log", str(audit), "--cwd", str(work), "--", script, cwd=work)
     out = done.stdout + done.stderr
     assert "end" in done.stdout and f"ANSWER {work / 'f'} Run" in done.stdout, out
     assert "SAME INODE True" in done.stdout, out
+    if kind == "mmap":
+        assert "CTIME SAME True SIZE SAME True" in done.stdout, out
     assert "STATIC MARKER RAN" not in done.stdout and not attacker.marker_ran("static"), out
     assert "EXEC EACCES" in done.stdout, out
     assert done.stderr.count("Execution denied: static programs are not allowed") == 2, out  # ./smark, then f

@@ -13,9 +13,12 @@ Usage:
         call, past the shim; prints ``EXEC <errno name>`` if that fails)
     python3 cached_query.py ask-other FILE OTHER ARGV0 [ARGV1 ...]
         (a full request, not cached-only, naming FILE with the fd of OTHER attached)
-    python3 cached_query.py rewrite-exec query|full FILE SOURCE ARGV0 [ARGV1 ...]
+    python3 cached_query.py rewrite-exec query|full|mmap FILE SOURCE ARGV0 [ARGV1 ...]
         (ask about FILE with its fd attached; on Run, rewrite FILE in place — same inode — with
-        SOURCE's bytes, then execveat the fd by the raw system call; prints ``EXEC <errno>``)
+        SOURCE's bytes, then execveat the fd by the raw system call; prints ``EXEC <errno>``.
+        mmap: FILE and SOURCE have one size; FILE is mapped shared and every page written once
+        before asking, so that the rewrite through the mapping changes neither its change time
+        nor its size)
     python3 cached_query.py query-child-exec FILE ARGV0 [ARGV1 ...] -- OTHER
         (the same for an exec by a child, as the shim's posix_spawn asks: a forked child
         execs OTHER; prints ``CHILD <status>``)
@@ -26,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import json
+import mmap
 import os
 import socket
 import struct
@@ -64,13 +68,29 @@ def main() -> int:
     other = None
     if mode == "rewrite-exec":
         kind, file, source, argv = rest[0], rest[1], rest[2], rest[3:]
-        action, target = query(file, argv, cached_only=kind == "query")
+        mapped = None
+        if kind == "mmap":
+            fd = os.open(file, os.O_RDWR)
+            mapped = mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED)
+            os.close(fd)
+            for page in range(0, len(mapped), mmap.PAGESIZE):
+                mapped[page] = mapped[page]  # the first write fault of each page, before the check
+        action, target = query(file, argv, cached_only=kind != "full")
         print(f"ANSWER {file} {action}", flush=True)
         if action != "Run":
             return 0
-        with open(source, "rb") as src, open(file, "r+b") as dst:
-            dst.truncate(0)
-            dst.write(src.read())
+        before = os.stat(file)
+        if mapped is not None:
+            with open(source, "rb") as src:
+                mapped[:] = src.read()
+            mapped.close()
+        else:
+            with open(source, "rb") as src, open(file, "r+b") as dst:
+                dst.truncate(0)
+                dst.write(src.read())
+        after = os.stat(file)
+        print(f"CTIME SAME {before.st_ctime_ns == after.st_ctime_ns} SIZE SAME {before.st_size == after.st_size}",
+              flush=True)
         print(f"SAME INODE {os.stat(file).st_ino == os.fstat(target).st_ino}", flush=True)
         libc = ctypes.CDLL(None, use_errno=True)
         args = (ctypes.c_char_p * (len(argv) + 1))(*[a.encode() for a in argv], None)
