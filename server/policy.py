@@ -91,8 +91,9 @@ class FileIdentity:
         pseudo_fs: the file, or the path as named, lies under ``/proc`` or ``/dev``.
         same_for_server: the program path, in the server's own view, is this very file.
         changed_ns, size: ``st_ctime_ns`` and ``st_size`` when it was identified (the escalation
-            server's own: not sent to a policy service): an approved exec of the same inode
-            whose contents or mode changed since is decided again (:mod:`.backstop`).
+            server's own: not sent to a policy service, and not part of equality, so not of the
+            decision cache's key either): an approved exec of the same inode whose contents or
+            mode changed since is decided again (:mod:`.backstop`).
     """
 
     source: str
@@ -105,8 +106,8 @@ class FileIdentity:
     caller_can_modify: bool
     pseudo_fs: bool
     same_for_server: bool
-    changed_ns: int = 0
-    size: int = -1
+    changed_ns: int = field(default=0, compare=False)
+    size: int = field(default=-1, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
