@@ -13,8 +13,9 @@ such a line also has ``cached_from``, the decision id of the answer the entry ca
 — false for an answer of another replica, one forgotten, or a claim that does not match).
 Lines are appended and flushed one by one, so ``tail -f`` and a crash both see whole lines. A line
 that cannot be written (a full disk) raises :class:`AuditWriteError` after what part of it reached
-the file is cut off again; the decision it records is then not given (docs/DESIGN.md §5). Writers
-in several processes (two runs given one file) take an exclusive ``flock`` per line.
+the file is cut off again; the decision it records is then not given (docs/DESIGN.md §5). Each line
+is one ``O_APPEND`` write, so writers in several processes (two runs given one file) never
+overwrite each other's lines; no lock is taken (a session able to open the file could hold it).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import contextlib
 import dataclasses
 import datetime as dt
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -115,38 +115,34 @@ class AuditLog:
         self._lock = threading.Lock()
 
     def write(self, record: AuditRecord) -> None:
-        """Append one whole line (one ``write(2)`` per piece, no buffer in between).
+        """Append one whole line: one ``write(2)`` on the ``O_APPEND`` descriptor, which the
+        kernel places at the end of the file whatever other writers do (open(2), O_APPEND).
 
         Raises:
-            AuditWriteError: the line could not be written (it is logged too); whatever part of
-                it reached the file is cut off again, so the file holds whole lines only. The
-                caller must not give an answer that is not in its audit log (docs/DESIGN.md §5).
+            AuditWriteError: the line could not be written whole (it is logged too). The part of
+                it that reached the file is cut off again unless another writer appended after
+                it (then it is left: its lines are not ours to cut), so a file written by one
+                run holds whole lines only. The caller must not give an answer that is not in
+                its audit log (docs/DESIGN.md §5). Nothing here waits on another process (no
+                lock a session could hold).
         """
         line = (record.to_json() + "\n").encode("utf-8", "backslashreplace")
         with self._lock:
-            before = -1
-            locked = False
+            written = 0
             try:
                 if self._fd < 0:
                     raise OSError(errno.EBADF, "the audit log is closed")
-                # Another process may append to the same file (two runs given one --audit-log):
-                # the size read, the write and a cut-off must not interleave with its own.
-                fcntl.flock(self._fd, fcntl.LOCK_EX)
-                locked = True
-                before = os.fstat(self._fd).st_size
-                view = memoryview(line)
-                while view:
-                    view = view[os.write(self._fd, view):]
+                written = os.write(self._fd, line)
+                if written != len(line):  # a short write to a regular file: the disk is full
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             except OSError as exc:
-                if before >= 0:
+                if written:
                     with contextlib.suppress(OSError):
-                        os.ftruncate(self._fd, before)
+                        end = os.lseek(self._fd, 0, os.SEEK_CUR)  # the end of our bytes
+                        if os.fstat(self._fd).st_size == end:
+                            os.ftruncate(self._fd, end - written)
                 log.error("audit log %s: cannot write decision %s: %s", self.path, record.decision_id, exc)
                 raise AuditWriteError(exc.errno, f"audit log {self.path}: {exc.strerror or exc}") from exc
-            finally:
-                if locked:
-                    with contextlib.suppress(OSError):
-                        fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
         """Close the file; later writes fail. Never raises (a close error is logged)."""

@@ -106,3 +106,20 @@ def test_two_runs_sharing_an_audit_log_keep_each_others_lines(small_disk: Path, 
     ran = {line for line in outs[1][0].splitlines() if line.startswith("V-")}
     audited = {r["argv"][1] for r in records if r["program"] == "/bin/echo" and r["decision"] == "run"}
     assert "end" in outs[1][0] and ran and ran <= audited, (len(ran), len(audited), outs[1][1][-1000:])
+
+
+def test_a_lock_held_on_the_audit_log_stalls_nothing(tmp_path: Path) -> None:
+    """A session that can open the audit log (here: no sandbox, the log in its working
+    directory; in a sandbox a read-only view is enough for flock(2)) holds an exclusive lock on
+    it while it execs. The server takes no lock on the file, so its decisions go on; a version
+    that locked each line waited on the session forever (red-team round 4)."""
+    audit = tmp_path / "audit.jsonl"
+    audit.touch()
+    script = ("(exec 9<audit.jsonl; flock -x 9 && touch locked && while [ ! -e done ]; do :; done) & "
+              "while [ ! -e locked ]; do :; done; /bin/true; /bin/echo decided; touch done; wait; echo end")
+    done = subprocess.run([sys.executable, "-m", "execgate.server.cli", "run", "-q", "--sandbox", "none",
+                           "--audit-log", str(audit), "--cwd", str(tmp_path), "--", script],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert "decided" in done.stdout and "end" in done.stdout, done.stdout + done.stderr
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert any(r["program"] == "/bin/echo" and r["decision"] == "run" for r in records), records
