@@ -97,7 +97,7 @@ async def handle_connection(
             lets the wrapper's exec of exactly that through undecided); then whether the Run is
             for the caller's child (a cached-only query for a ``posix_spawn``,
             :data:`~execgate.server.protocol.CACHED_FOR_CHILD_EXTENSION_FIELD`), and the file's
-            kinds when the caller could modify it (None otherwise: :func:`_kinds_to_recheck`).
+            file's kinds and whether the caller could modify it (:func:`_judged_kinds`).
         learn: given the program (absolute, lexically normalised), the wrapper's target fd
             (owned: ``learn`` closes it; None without one) and the path as the kernel resolves it
             (``file`` joined to ``workdir``, not normalised), what the server learns of the file
@@ -125,7 +125,7 @@ async def handle_connection(
         decision = _same_file_outside(decision, program, facts)
         if decision.action == "run":
             if on_run is not None:
-                on_run(program, list(request.argv), _dev_ino(facts), request.cached_for_child, _kinds_to_recheck(facts))
+                on_run(program, list(request.argv), _dev_ino(facts), request.cached_for_child, _judged_kinds(facts))
             if decision.note and on_note is not None:
                 on_note(decision.note)
             await _send(conn, p.EscalateResponse("Run"))
@@ -206,12 +206,13 @@ def _same_file_outside(decision: Decision, program: str, facts: ExecFacts | None
         rule_id=decision.rule_id, decision_id=decision.decision_id)
 
 
-def _kinds_to_recheck(facts: ExecFacts | None) -> frozenset[str] | None:
-    """The file's kinds as judged when the caller could change the file (its contents may be
-    rewritten between this Run and the exec, even keeping its change time: the backstop reads
-    them again), else None."""
+def _judged_kinds(facts: ExecFacts | None) -> tuple[frozenset[str], bool] | None:
+    """``(kinds, caller_can_modify)`` of the identified file, or None: where the caller could
+    change the file, its contents may be rewritten between this Run and the exec, even keeping
+    its change time, so the backstop reads its kinds again (the session also does so for a root
+    caller, who can remount what looked read-only)."""
     identity = None if facts is None else facts.identity
-    return None if identity is None or not identity.caller_can_modify else facts.kinds
+    return None if identity is None or facts is None else (facts.kinds, identity.caller_can_modify)
 
 
 def _dev_ino(facts: ExecFacts | None) -> tuple[int, int, int, int] | None:

@@ -339,8 +339,12 @@ class Session:
         if self.backstop is not None and pid is not None:
             backstop, caller = self.backstop, pid
             def on_run(program: str, argv: list[str], ident: tuple[int, int, int, int] | None, child: bool = False,
-                       kinds: frozenset[str] | None = None) -> None:
-                backstop.expect(caller, program, argv, ident, child=child, kinds=kinds)
+                       judged: tuple[frozenset[str], bool] | None = None) -> None:
+                # The kinds are read again at the exec for a file the caller could modify, and for
+                # any file of a root caller: root can remount a writable view read-only in its
+                # own mount namespace, so that the file looked unmodifiable when judged.
+                recheck = judged[0] if judged is not None and (judged[1] or uid == 0) else None
+                backstop.expect(caller, program, argv, ident, child=child, kinds=recheck)
         coverage = self.coverage
 
         async def learn_facts(program: str, fd: int | None, path: str) -> ExecFacts:

@@ -357,3 +357,43 @@ def test_an_approved_file_rewritten_in_place_is_decided_again(attacker: Attacker
     assert "STATIC MARKER RAN" not in done.stdout and not attacker.marker_ran("static"), out
     assert "EXEC EACCES" in done.stdout, out
     assert done.stderr.count("Execution denied: static programs are not allowed") == 2, out  # ./smark, then f
+
+
+def test_root_cannot_make_a_file_look_unmodifiable_and_rewrite_it(tmp_path: Path) -> None:
+    """Root without a sandbox, in a mount namespace of its own, views a directory through a
+    read-only bind (the judge then finds the file unmodifiable) while it keeps a writable bind
+    of the same directory, maps the file through that one, asks, and rewrites it in place after
+    the Run (red-team round 4: the static program ran). For a root caller the backstop reads the
+    kinds of every approved file again."""
+    if os.geteuid() != 0:
+        pytest.skip("the route needs root (mount namespaces)")
+    # The read-only view is mounted on /mnt (in the script's own mount namespace: the host's /mnt
+    # is untouched), so that every directory above it is on a mount made read-only as well.
+    rt, rw, ro = tmp_path / "rt", tmp_path / "rw", Path("/mnt")
+    for d in (rt, rw):
+        d.mkdir()
+    tmp_path.chmod(0o755)
+    source = STATIC_MARKER.replace("MARKERS", str(tmp_path))
+    (tmp_path / "smark.c").write_text(source)
+    subprocess.run(["gcc", "-static", "-O1", "-o", str(rt / "s"), str(tmp_path / "smark.c")], check=True)
+    size = max(os.path.getsize("/bin/true"), os.path.getsize(rt / "s"))
+    shutil.copy("/bin/true", rt / "f")
+    for name in ("f", "s"):
+        with open(rt / name, "ab") as grow:
+            grow.truncate(size)
+    shutil.copy(QUERY, rt / "q.py")
+    (tmp_path / "rules.toml").write_text('[[rule]]\nid = "no-static"\nfile_kind = ["static"]\ndecision = "deny"\n'
+                                         'justification = "static programs are not allowed"\n')
+    (rt / "go.sh").write_text(
+        f"mount --make-rprivate / && mount --bind {rt} {rw} && mount --bind {rt} {ro} && "
+        f"mount -o remount,bind,ro {ro} && mount -o remount,bind,ro / && echo REMOUNTED && cd {ro} && "
+        f"MAPFROM={rw / 'f'} {sys.executable} -B {ro / 'q.py'} rewrite-exec mmap {ro / 'f'} {ro / 's'} f\n")
+    done = subprocess.run([sys.executable, "-m", "execgate.server.cli", "run", "-q", "--sandbox", "none",
+                           "--rules", str(tmp_path / "rules.toml"), "--cwd", str(tmp_path), "--",
+                           f"{rt / 's'}; unshare -m sh {rt / 'go.sh'}; echo end"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    out = done.stdout + done.stderr
+    assert "end" in done.stdout and "REMOUNTED" in done.stdout and f"ANSWER {ro / 'f'} Run" in done.stdout, out
+    assert "CTIME SAME True SIZE SAME True" in done.stdout, out
+    assert "STATIC MARKER RAN" not in done.stdout and not (tmp_path / "static").exists(), out
+    assert "EXEC EACCES" in done.stdout, out

@@ -18,7 +18,7 @@ Usage:
         SOURCE's bytes, then execveat the fd by the raw system call; prints ``EXEC <errno>``.
         mmap: FILE and SOURCE have one size; FILE is mapped shared and every page written once
         before asking, so that the rewrite through the mapping changes neither its change time
-        nor its size)
+        nor its size; MAPFROM, if set, names the path to map: another view of the same file)
     python3 cached_query.py query-child-exec FILE ARGV0 [ARGV1 ...] -- OTHER
         (the same for an exec by a child, as the shim's posix_spawn asks: a forked child
         execs OTHER; prints ``CHILD <status>``)
@@ -70,7 +70,7 @@ def main() -> int:
         kind, file, source, argv = rest[0], rest[1], rest[2], rest[3:]
         mapped = None
         if kind == "mmap":
-            fd = os.open(file, os.O_RDWR)
+            fd = os.open(os.environ.get("MAPFROM", file), os.O_RDWR)  # or another view of the file
             mapped = mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED)
             os.close(fd)
             for page in range(0, len(mapped), mmap.PAGESIZE):
