@@ -98,6 +98,21 @@ class InProcessPolicy:
 
     def __init__(self, decisions: DecisionService) -> None:
         self.decisions = decisions
+        #: The wire form of recent sessions, by identity (a SessionContext is frozen, and each
+        #: session passes the same one with every exec): its conversion was a tenth of a query.
+        self._sessions: dict[int, tuple[SessionContext, SessionContext]] = {}
+
+    def _session(self, session: SessionContext) -> SessionContext:
+        """``_wired(session)``, converted once per session object (the object is kept with it,
+        so that its id cannot be reused by another while it is cached)."""
+        known = self._sessions.get(id(session))
+        if known is not None and known[0] is session:
+            return known[1]
+        if len(self._sessions) >= 256:
+            self._sessions.clear()
+        wired = _wired(session)
+        self._sessions[id(session)] = (session, wired)
+        return wired
 
     async def determine_action(
         self, program: str, argv: Sequence[str], workdir: str, session: SessionContext,
@@ -114,7 +129,7 @@ class InProcessPolicy:
             return Decision.deny(f"policy service error: invalid request: {problem}", error=True)
         try:
             decided = await self.decisions.decide(
-                _wired(session), wire_text(program), [wire_text(a) for a in argv], wire_text(workdir),
+                self._session(session), wire_text(program), [wire_text(a) for a in argv], wire_text(workdir),
                 env=None if env is None else _wired(dict(env)), facts=_wired(facts),
             )
         except asyncio.CancelledError:
@@ -144,7 +159,7 @@ class InProcessPolicy:
             return None
         try:
             decided = await self.decisions.decide(
-                _wired(session), wire_text(program), [wire_text(a) for a in argv], wire_text(workdir),
+                self._session(session), wire_text(program), [wire_text(a) for a in argv], wire_text(workdir),
                 facts=_wired(facts), run_only=True,
             )
         except asyncio.CancelledError:
@@ -176,7 +191,7 @@ class InProcessPolicy:
             # In a worker thread, as the gRPC servicer does: it evaluates the rules and builds a
             # sandbox command line.
             prepared = await asyncio.to_thread(
-                self.decisions.prepare, _wired(session), wire_text(program), [wire_text(a) for a in argv],
+                self.decisions.prepare, self._session(session), wire_text(program), [wire_text(a) for a in argv],
                 wire_text(workdir), _wired(dict(env)), _wired(execution), _wired(facts),
             )
         except Exception as exc:

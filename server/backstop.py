@@ -21,6 +21,11 @@ each notification on the event loop (``loop.add_reader``):
   ``posix_spawn`` (``expect(..., child=True)``): one exec of exactly that file and argv by a child
   of the requesting process; an approval not used within :data:`EXPECTED_TTL_S` (10 s) is
   dropped (the exec is then decided, as any other);
+* a query by exec (server/protocol.py "Query by exec": the shim's raw ``execve`` carrying
+  ``QUERY_EXEC_MARK`` and this backstop's :attr:`Backstop.query_token`) is answered as the shim's
+  cached-only query: the policy's ``query_run`` (a Run given without asking anyone) →
+  ``CONTINUE``; anything else, or another token → ``QUERY_UNDECIDED_ERRNO``, nothing decided or
+  audited (the shim then execs the wrapper);
 * any other exec is decided by the policy: Run → ``CONTINUE``; Deny → ``EACCES`` and
   ``Execution denied: <reason>`` on the caller's stderr; Escalate → cannot be done in place: also
   ``EACCES``, with a reason saying to run it through the session's shell.
@@ -43,6 +48,7 @@ import errno
 import hashlib
 import logging
 import os
+import secrets
 import socket
 import time
 from dataclasses import dataclass
@@ -50,6 +56,7 @@ from typing import Sequence
 
 from execgate.server import protocol as p
 from execgate.server import seccomp_notify as sn
+from execgate.server.escalation import query_run
 from execgate.server.exec_facts import Coverage, learn, read_info
 from execgate.server.fileinfo import kinds
 from execgate.server.fdpass import close_fds, recv_datagram
@@ -91,6 +98,8 @@ class _Exec:
     ident: tuple[int, int]  # (st_dev, st_ino) of the file the kernel's resolution reaches
     version: tuple[int, int]  # its (st_ctime_ns, st_size) now
     fd: int  # O_PATH fd of that very file (owned by whoever holds this _Exec: _handle closes it)
+    uid: int | None = None  # the calling thread's effective uid
+    mark: int | None = None  # the token of a query by exec, None for any other exec
 
 
 class Unnamed(ValueError):
@@ -112,13 +121,21 @@ class Backstop:
         policy, context: what decides the other execs, as for the wrapper's requests.
         max_concurrent: most notifications decided at once; further ones wait in the kernel.
         max_bytes: bound on an exec's argv (bytes).
+        coverage: what the session's interception sees, for the facts of a query by exec (as the
+            shim's socket query gets them); the execs decided otherwise are judged as seen by the
+            backstop alone.
     """
 
     def __init__(self, *, launcher: str, wrapper: str, policy: Policy, context: SessionContext,
-                 max_concurrent: int = 64, max_bytes: int = 1 << 20) -> None:
+                 max_concurrent: int = 64, max_bytes: int = 1 << 20, coverage: Coverage | None = None) -> None:
         self.launcher = os.path.abspath(launcher)
         self.policy = policy
         self.context = context
+        self.coverage = coverage or Coverage(seccomp=True)
+        #: The token a query by exec carries (server/protocol.py "Query by exec"), or None when the
+        #: policy answers no queries; exported as ``EXECGATE_BACKSTOP_QUERY`` by the session.
+        self.query_token: int | None = (secrets.randbelow((1 << 31) - 1) + 1
+                                        if getattr(policy, "answers_queries", False) is True else None)
         self.max_concurrent = max_concurrent
         self.max_bytes = max_bytes
         self._loop = asyncio.get_running_loop()
@@ -273,6 +290,8 @@ class Backstop:
         try:
             exe = self._read(notif)
             if exe is not None and not self._undecided(notif.pid, exe):
+                if exe.mark is not None and exe.mark != self.query_token:
+                    return None, p.QUERY_UNDECIDED_ERRNO  # another session's (or a forged) query
                 exe, decide = None, exe
                 return decide, None
             return None, 0
@@ -300,7 +319,7 @@ class Backstop:
         refusal (fail closed)."""
         error = errno.EACCES
         try:
-            error = await self._decide(exe)
+            error = await (self._decide(exe) if exe.mark is None else self._query(exe))
         except OSError as exc:  # the caller vanished while its uid was read
             log.info("session %s: exec by pid %d refused: %s", self.context.session_id, exe.tid, exc)
         except Exception:
@@ -333,6 +352,8 @@ class Backstop:
             if not sn.id_valid(self._listener, notif.id):  # opened the right process's memory?
                 raise sn.NotificationGone
             a = notif.args if kind == "execve" else notif.args[1:]
+            mark = (notif.args[4] if kind == "execve" and (notif.args[3], notif.args[5]) == p.QUERY_EXEC_MARK
+                    else None)
             path = os.fsdecode(sn.read_cstring(mem, a[0], sn.PATH_MAX))
             workdir = os.readlink(f"{proc}/cwd")
             dirfd = sn.AT_FDCWD if kind == "execve" else _signed32(notif.args[0])
@@ -347,7 +368,7 @@ class Backstop:
                     os.close(fd)
                     return None
                 argv = sn.read_argv(mem, a[1], ptr, max_count=MAX_ARGS, max_bytes=self.max_bytes)
-                tgid, ppid = _ids(proc)
+                tgid, ppid, uid = _ids(proc)
                 if not sn.id_valid(self._listener, notif.id):
                     raise sn.NotificationGone
             except BaseException:
@@ -355,7 +376,7 @@ class Backstop:
                 raise
         finally:
             os.close(mem)
-        return _Exec(notif.pid, tgid, ppid, program, argv, workdir, ident, version, fd)
+        return _Exec(notif.pid, tgid, ppid, program, argv, workdir, ident, version, fd, uid, mark)
 
     def _undecided(self, tid: int, exe: _Exec) -> bool:
         """True for the execs that continue without a decision (see the module docstring)."""
@@ -389,15 +410,23 @@ class Backstop:
             del self._expected_children[key]
         return bool(live) and _same_kinds(exe, live[0][1])
 
+    async def _query(self, exe: _Exec) -> int:
+        """Answer a query by exec of this session's: 0 (Run, given without asking anyone) or
+        ``QUERY_UNDECIDED_ERRNO`` (the shim then execs the wrapper, which asks in full)."""
+        # The file the kernel will run (learn owns the duplicate), seen as the shim's socket query sees it.
+        facts = await learn(exe.tgid, exe.program, self.coverage, uid=exe.uid, fd=os.dup(exe.fd))
+        decision = await query_run(self.policy, exe.program, [os.fsdecode(a) for a in exe.argv], exe.workdir,
+                                   self.context, facts)
+        return 0 if decision is not None else p.QUERY_UNDECIDED_ERRNO
+
     async def _decide(self, exe: _Exec) -> int:
         """Ask the policy; returns 0 (Run) or the errno the exec fails with."""
         argv = [os.fsdecode(a) for a in exe.argv]
         extra = {}
         if getattr(self.policy, "accepts_facts", False):  # Policy doc: what trust rests on, the file's kind
-            uid = await asyncio.to_thread(_caller_uid, exe)
             # The file the kernel will run (learn owns the duplicate): the identity names the
             # program's path as trustworthy only if that path is this very file.
-            extra["facts"] = await learn(exe.tgid, exe.program, Coverage(seccomp=True), uid=uid,
+            extra["facts"] = await learn(exe.tgid, exe.program, Coverage(seccomp=True), uid=exe.uid,
                                          fd=os.dup(exe.fd))
         try:
             decision = await self.policy.determine_action(exe.program, argv, exe.workdir, self.context, **extra)
@@ -439,25 +468,6 @@ class Backstop:
             os.close(pidfd)
 
 
-def _caller_uid(exe: _Exec) -> int | None:
-    """The caller's effective uid, for :func:`execgate.server.exec_facts.learn` of a notified exec
-    (None if unreadable: then nothing is trusted). Never raises."""
-    try:
-        return _uid(f"/proc/{exe.tgid}")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _uid(proc: str) -> int:
-    """The effective uid of the process at ``proc`` (``Uid:`` of /proc/PID/status, proc(5)), as
-    ``SO_PEERCRED`` reports a wrapper's."""
-    with open(f"{proc}/status", "rb") as f:
-        for line in f:
-            if line.startswith(b"Uid:"):
-                return int(line.split()[2])
-    raise OSError(errno.ESRCH, "no Uid")
-
-
 def _ident(path: str) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
@@ -484,16 +494,19 @@ def _argv_digest(argv: Sequence[bytes]) -> bytes:
     return hashlib.sha256(len(argv).to_bytes(4, "little") + b"\0".join(argv)).digest()
 
 
-def _ids(proc: str) -> tuple[int, int]:
-    """``(Tgid, PPid)`` of ``proc`` (/proc/PID/status, proc(5))."""
-    tgid = None
+def _ids(proc: str) -> tuple[int, int, int]:
+    """``(Tgid, PPid, effective uid)`` of ``proc`` (/proc/PID/status, proc(5): ``Uid:`` is real,
+    effective, saved, filesystem; the effective one is what ``SO_PEERCRED`` reports)."""
+    tgid = ppid = None
     with open(f"{proc}/status", "rb") as f:
         for line in f:
             if line.startswith(b"Tgid:"):
                 tgid = int(line.split()[1])
-            elif line.startswith(b"PPid:") and tgid is not None:
-                return tgid, int(line.split()[1])
-    raise OSError(errno.ESRCH, "no Tgid or PPid")
+            elif line.startswith(b"PPid:"):
+                ppid = int(line.split()[1])
+            elif line.startswith(b"Uid:") and tgid is not None and ppid is not None:
+                return tgid, ppid, int(line.split()[2])
+    raise OSError(errno.ESRCH, "no Tgid, PPid or Uid")
 
 
 def _tgid(proc: str) -> int:

@@ -116,7 +116,7 @@ async def handle_connection(
         request, program, target_fd = await _read_request(conn, limits)
         facts = await _learn(learn, program, target_fd, os.path.join(request.workdir, request.file))
         if request.cached_only:  # the shim's query: a Run given without asking anyone, or nothing
-            decision = await _query_run(policy, program, request, context, facts)
+            decision = await query_run(policy, program, list(request.argv), request.workdir, context, facts)
             if decision is None:
                 await _send(conn, p.EscalateResponse(p.UNDECIDED_ACTION))
                 return
@@ -241,9 +241,10 @@ def facts_kw(policy: Policy, facts: ExecFacts | None) -> dict[str, Any]:
     return {"facts": facts} if facts is not None and getattr(policy, "accepts_facts", False) else {}
 
 
-async def _query_run(policy: Policy, program: str, request: p.EscalateRequest, context: SessionContext,
-                     facts: ExecFacts | None) -> Decision | None:
-    """The policy's answer to the shim's query: a Run it gives without asking anyone
+async def query_run(policy: Policy, program: str, argv: list[str], workdir: str, context: SessionContext,
+                    facts: ExecFacts | None) -> Decision | None:
+    """The policy's answer to the shim's query (by socket, or by exec through the seccomp
+    backstop: server/protocol.py): a Run it gives without asking anyone
     (``policy.query_run``, an optional method, plain or async: the decision cache's hit in
     :class:`~execgate.server.grpc_policy.GrpcPolicy`, the rules' own Run in
     :class:`~execgate.policy_service.inprocess.InProcessPolicy`), else None: no such method, no
@@ -252,7 +253,7 @@ async def _query_run(policy: Policy, program: str, request: p.EscalateRequest, c
     if lookup is None or facts is None or facts.identity is None:
         return None
     try:
-        decision = lookup(program, list(request.argv), request.workdir, context, facts)
+        decision = lookup(program, argv, workdir, context, facts)
         if inspect.isawaitable(decision):
             decision = await decision
     except Exception:  # a bug here must cost a full decision, never a Run

@@ -151,6 +151,8 @@ class Session:
         if getattr(self.policy, "answers_queries", False) is True:
             self.env_overlay[p.CACHED_QUERY_ENV_VAR] = "1"  # the shim may ask first (protocol doc)
         self.env_overlay.update(extra_env(self) if callable(extra_env) else (extra_env or {}))
+        #: What the session's interception sees (preload ABIs, backstop): for "children unseen".
+        self.coverage = Coverage.of_session(self.env_overlay, seccomp=seccomp_launcher is not None)
         #: The seccomp backstop (:mod:`.backstop`) when a launcher was given, else None.
         self.backstop: Backstop | None = None
         if seccomp_launcher is not None:
@@ -159,10 +161,12 @@ class Session:
                 wrapper=self.env_overlay[p.EXEC_WRAPPER_ENV_VAR],  # after the extras: the one the shell gets
                 policy=self.policy, context=self.context,
                 max_concurrent=self.limits.max_concurrent, max_bytes=self.limits.max_frame_bytes,
+                coverage=self.coverage,
             )
+            if self.backstop.query_token is not None and p.CACHED_QUERY_ENV_VAR in self.env_overlay:
+                # The shim's query by exec (protocol doc): no socket work for an answered exec.
+                self.env_overlay[p.BACKSTOP_QUERY_ENV_VAR] = str(self.backstop.query_token)
             self._spawn_task(self.backstop.serve())
-        #: What the session's interception sees (preload ABIs, backstop): for "children unseen".
-        self.coverage = Coverage.of_session(self.env_overlay, seccomp=self.backstop is not None)
         self._spawn_task(self._serve_handshakes())
         self._spawn_task(self._serve_fallback())
 

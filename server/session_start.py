@@ -74,7 +74,7 @@ class StartPolicy:
 
     def query_run(self, *args: Any, **kwargs: Any) -> Any:
         """The wrapped policy's answer to the shim's query (``query_run``, plain or async; see
-        :func:`execgate.server.escalation._query_run`), never while the session is starting:
+        :func:`execgate.server.escalation.query_run`), never while the session is starting:
         every exec of the start is taken or ended by :meth:`determine_action`."""
         lookup = getattr(self._policy, "query_run", None)
         with self._lock:

@@ -38,7 +38,9 @@
  *    EXECGATE_CACHED_QUERY=1 captured at load, an exec that passes the checks first asks the
  *    server from this process (eg_cached_run) for a Run given without a prompt (a cache hit, or
  *    the in-process service's rules) and, on Run, executes the target here — no second exec of
- *    the wrapper. Anything else falls back to the wrapper.
+ *    the wrapper. Anything else falls back to the wrapper. Where the session's seccomp backstop
+ *    stops every exec anyway (EXECGATE_BACKSTOP_QUERY captured), the exec itself is the query
+ *    (eg_backstop_run): no socket work at all for an answered exec.
  *  - EXECGATE_DEPTH counts gated execs along the ancestry; past EXECGATE_MAX_DEPTH the exec is
  *    refused, so a misconfiguration loops into a denial, never a fork bomb.
  *  - The exec path may run in a vfork child (CPython's subprocess): no heap, no stdio, no locks;
@@ -104,13 +106,15 @@ static int eg_nsaved;
 /* The variables that decide which wrapper runs and which server it asks: every exec gets exactly
  * the values captured at load (or none, if there was none at load), whatever the caller set. */
 static const char *const eg_forced_names[] = {EG_ENV_SOCKET, EG_ENV_WRAPPER, EG_ENV_SOCKET_PATH,
-                                              EG_ENV_SOCKET_ID, EG_ENV_MAX_DEPTH};
+                                              EG_ENV_SOCKET_ID, EG_ENV_MAX_DEPTH,
+                                              EG_ENV_BACKSTOP_QUERY};
 #define EG_NFORCED ((int)(sizeof eg_forced_names / sizeof eg_forced_names[0]))
 static const char *eg_forced[EG_NFORCED]; /* "NAME=value" as captured at load, or NULL */
 static eg_spawn_fn eg_real_posix_spawn;
 static char eg_in_wrapper_entry[] = EG_ENV_IN_WRAPPER "=1";
 static int eg_cached_query;            /* EXECGATE_CACHED_QUERY=1 at load: ask the cache first */
 static long eg_sock_fd = -1;           /* CODEX_ESCALATE_SOCKET as captured */
+static long eg_backstop_token = -1;    /* EXECGATE_BACKSTOP_QUERY as captured: query by exec */
 static const char *eg_sock_id;         /* EXECGATE_SOCKET_ID's value as captured, or NULL */
 
 /* ---- load-time capture (not on the exec path: may use libc freely) ------------------------- */
@@ -326,7 +330,11 @@ static void eg_init(void)
             eg_sock_fd = eg_parse_ulong(strchr(eg_forced[k], '=') + 1);
         else if (strcmp(eg_forced_names[k], EG_ENV_SOCKET_ID) == 0)
             eg_sock_id = strchr(eg_forced[k], '=') + 1;
+        else if (strcmp(eg_forced_names[k], EG_ENV_BACKSTOP_QUERY) == 0)
+            eg_backstop_token = eg_parse_ulong(strchr(eg_forced[k], '=') + 1);
     }
+    if (eg_backstop_token <= 0 || eg_backstop_token > 0x7fffffffL)
+        eg_backstop_token = -1;
     w = getenv(EG_ENV_CACHED_QUERY);
     eg_cached_query = w != NULL && strcmp(w, "1") == 0;
     eg_real_posix_spawn = (eg_spawn_fn)dlsym(RTLD_NEXT, "posix_spawn");
@@ -706,6 +714,25 @@ static int eg_cached_run(const char *path, char *const argv[], char *const envp[
     return -1;
 }
 
+/*
+ * Query by exec (server/protocol.py): where the session's seccomp backstop stops every exec
+ * anyway, the exec itself is the question. The raw execve carries the mark and the token as its
+ * unused arguments; the backstop lets it continue on a Run the policy gives without asking anyone
+ * (the program then runs here, no socket work at all), else fails it with
+ * EG_QUERY_UNDECIDED_ERRNO: 0 is returned and the caller execs the wrapper. Returns -1 (errno
+ * set) when the exec failed otherwise, as execve would. A process outside any backstop never has
+ * the variable: the shim's chain of trust forces it, as the socket's, from the session's start.
+ */
+static int eg_backstop_run(const char *path, char *const argv[], char *const envp[])
+{
+    size_t envc = eg_count(envp), pcap = eg_preload_cap(envp);
+    char *nenv[envc + EG_SAVED_MAX + EG_NFORCED + 4];
+    char pbuf[pcap];
+    eg_env_build(nenv, envp, pbuf, pcap, 0);
+    syscall(SYS_execve, path, argv, nenv, EG_QUERY_MARK_A, eg_backstop_token, EG_QUERY_MARK_B);
+    return errno == EG_QUERY_UNDECIDED_ERRNO ? 0 : -1;
+}
+
 /* Exec the wrapper itself (a Codex-patched shell honouring EXEC_WRAPPER): not wrapped twice. */
 static int eg_exec_wrapper_direct(const char *path, char *const argv[], char *const envp[])
 {
@@ -750,7 +777,8 @@ static int eg_try(const char *path, char *const argv[], char *const envp[], int 
         return -1;
     }
     if (eg_cached_query && eg_depth < eg_max_depth) {
-        int ran = eg_cached_run(path, argv, envp, script == EG_KIND_HASHBANG);
+        int ran = eg_backstop_token > 0 ? eg_backstop_run(path, argv, envp)
+                                        : eg_cached_run(path, argv, envp, script == EG_KIND_HASHBANG);
         if (ran != 0)
             return ran;
     }
