@@ -23,6 +23,7 @@ import struct
 import sys
 import time
 
+from bench.common import open_loop as common_open_loop
 from execgate.server import protocol as p
 
 _LEN = struct.Struct("<I")
@@ -97,36 +98,13 @@ def _request_frame() -> bytes:
 
 async def _open_loop(loop: asyncio.AbstractEventLoop, dgrams: list[socket.socket], frame: bytes, rate: float,
                      count: int) -> tuple[list[float], list[str], float]:
-    """Latencies (s, sorted), errors, and the achieved completion rate (/s)."""
-    clock = time.perf_counter  # uvloop's loop.time() has only millisecond resolution
-    latencies: list[float] = []
-    errors: list[str] = []
-    last_done = 0.0
+    """Latencies (s, sorted), errors, and the achieved completion rate (/s): exec *i* on session
+    ``i mod len(dgrams)`` (:func:`bench.common.open_loop`)."""
+    async def one(i: int) -> str | None:
+        action = await one_exec(loop, dgrams[i % len(dgrams)], frame)
+        return None if action == "Run" else f"answer {action}"
 
-    async def one(dgram: socket.socket, scheduled: float) -> None:
-        nonlocal last_done
-        try:
-            action = await one_exec(loop, dgram, frame)
-        except Exception as exc:  # counted, reported
-            errors.append(repr(exc))
-            return
-        done = clock()
-        latencies.append(done - scheduled)
-        last_done = max(last_done, done)
-        if action != "Run":
-            errors.append(f"answer {action}")
-
-    tasks = []
-    t0 = clock() + 0.01
-    for i in range(count):
-        scheduled = t0 + i / rate
-        delay = scheduled - clock()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.ensure_future(one(dgrams[i % len(dgrams)], scheduled)))
-    await asyncio.gather(*tasks)
-    latencies.sort()
-    return latencies, errors, count / (last_done - t0) if last_done > t0 else 0.0
+    return await common_open_loop(one, rate, count)
 
 
 async def open_loop(fds: list[int], rate: float, count: int, warm: int) -> dict[str, object]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import platform
@@ -13,7 +14,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 #: Rules that escalate ``true`` (unsandboxed); everything else runs (the default).
@@ -186,3 +187,44 @@ class PolicyProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+async def open_loop(call: Callable[[int], Awaitable[str | None]], rate: float,
+                    count: int) -> tuple[list[float], list[str], float]:
+    """Start ``call(i)`` at ``t0 + i / rate`` for i < ``count``, whether or not earlier calls have
+    finished (open loop: a stall shows up as latency, no coordinated omission). ``call`` returns
+    None on success or an error text; an exception it raises counts as an error (its repr).
+
+    Returns:
+        ``(latencies, errors, achieved)``: latencies in s from each scheduled start (sorted, the
+        successful calls only), the error texts, and the achieved completion rate (/s).
+    """
+    clock = time.perf_counter  # uvloop's loop.time() has only millisecond resolution
+    latencies: list[float] = []
+    errors: list[str] = []
+    last_done = 0.0
+
+    async def one(i: int, scheduled: float) -> None:
+        nonlocal last_done
+        try:
+            error = await call(i)
+        except Exception as exc:  # counted, reported
+            errors.append(repr(exc))
+            return
+        done = clock()
+        latencies.append(done - scheduled)
+        last_done = max(last_done, done)
+        if error is not None:
+            errors.append(error)
+
+    tasks = []
+    t0 = clock() + 0.01
+    for i in range(count):
+        scheduled = t0 + i / rate
+        delay = scheduled - clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(one(i, scheduled)))
+    await asyncio.gather(*tasks)
+    latencies.sort()
+    return latencies, errors, count / (last_done - t0) if last_done > t0 else 0.0

@@ -13,38 +13,18 @@ same rate (the floor of a unary gRPC round trip through grpc.aio on this machine
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Awaitable, Callable
 
-from bench.common import Figure, check, percentile
+from bench.common import Figure, check, open_loop, percentile
 
 
 async def _open_loop(call: Callable[[], Awaitable[bool]], rate: float, count: int) -> tuple[list[float], int, float]:
-    """Latencies (s, sorted), failures, and achieved completion rate (/s)."""
-    clock = time.perf_counter  # uvloop's loop.time() has only millisecond resolution
-    latencies: list[float] = []
-    failures = 0
-    last_done = 0.0
+    """Latencies (s, sorted), failures, and achieved completion rate (/s) (:func:`bench.common.open_loop`)."""
+    async def one(_i: int) -> str | None:
+        return None if await call() else "failed"
 
-    async def one(scheduled: float) -> None:
-        nonlocal failures, last_done
-        ok = await call()
-        done = clock()
-        latencies.append(done - scheduled)
-        last_done = max(last_done, done)
-        if not ok:
-            failures += 1
-
-    tasks = []
-    t0 = clock() + 0.01
-    for i in range(count):
-        scheduled = t0 + i / rate
-        delay = scheduled - clock()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.ensure_future(one(scheduled)))
-    await asyncio.gather(*tasks)
-    return sorted(latencies), failures, count / (last_done - t0)
+    latencies, errors, achieved = await open_loop(one, rate, count)
+    return latencies, len(errors), achieved
 
 
 async def _measure(address: str, rate: float, count: int) -> dict[str, object]:

@@ -61,7 +61,7 @@ from execgate.server.exec_facts import Coverage, learn, read_info
 from execgate.server.fileinfo import kinds
 from execgate.server.fdpass import close_fds, recv_datagram
 from execgate.server.identity import Unresolved, open_fd_of, open_root, walk
-from execgate.server.policy import Decision, ExecFacts, Policy, SessionContext
+from execgate.server.policy import Decision, Policy, SessionContext
 
 log = logging.getLogger(__name__)
 
