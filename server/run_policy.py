@@ -27,7 +27,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from execgate.server.run_cmd import RunSetupError
 
@@ -116,25 +116,18 @@ async def policy_address(args: argparse.Namespace, sandboxed: bool = True,
     if args.approver_wait is not None and not sandboxed:
         raise RunSetupError("--approver-wait: without a sandbox the shell could reach the approver and answer "
                             "its own prompts; use --sandbox bwrap, or --policy with a remote policy service")
-    from execgate.policy_service.rules import RulesError
     from execgate.policy_service.server import serve_embedded
 
     make_undumpable()
+    embedded = serve_embedded(
+        args.rules, audit_log=args.audit_log, default_rules=not args.no_default_rules,
+        approvals=args.approver_wait is not None,
+        approver_wait_s=args.approver_wait or 0.0, approval_timeout_s=args.approval_timeout,
+        no_approver_reason=prompt_refusal(args, sandboxed), metrics=metrics,  # type: ignore[arg-type]
+        **({} if getattr(args, "cache_ttl", None) is None else {"cache_ttl_s": args.cache_ttl}),
+    )
+    service = await _enter_embedded(embedded, args, sandboxed)
     try:
-        embedded = serve_embedded(
-            args.rules, audit_log=args.audit_log, default_rules=not args.no_default_rules,
-            approvals=args.approver_wait is not None,
-            approver_wait_s=args.approver_wait or 0.0, approval_timeout_s=args.approval_timeout,
-            no_approver_reason=prompt_refusal(args, sandboxed), metrics=metrics,  # type: ignore[arg-type]
-            **({} if getattr(args, "cache_ttl", None) is None else {"cache_ttl_s": args.cache_ttl}),
-        )
-        service = await embedded.__aenter__()
-    except (RulesError, OSError) as exc:
-        raise RunSetupError(f"cannot start the embedded policy service: {exc}") from exc
-    try:
-        if not sandboxed and not args.quiet:
-            print("execgate: no sandbox: prompt rules are denied (the shell could answer its own prompts)",
-                  file=sys.stderr, flush=True)
         if service.approvals_address is not None:
             print(f"execgate: approvals: execgate approve --policy {service.approvals_address} "
                   f"--token-file {service.approvals_token_file}", file=sys.stderr, flush=True)
@@ -164,24 +157,37 @@ async def in_process_policy(args: argparse.Namespace, sandboxed: bool = True) ->
         RunSetupError: the rules or the audit log cannot be loaded.
     """
     from execgate.policy_service.inprocess import embedded_policy
-    from execgate.policy_service.rules import RulesError
 
     make_undumpable()  # the terminal approver and the broker live in this process's memory
     embedded = embedded_policy(
         args.rules, audit_log=args.audit_log, default_rules=not args.no_default_rules,
         approval_timeout_s=args.approval_timeout, no_approver_reason=prompt_refusal(args, sandboxed),
     )
+    service = await _enter_embedded(embedded, args, sandboxed)
+    try:
+        yield service
+    finally:
+        await embedded.__aexit__(None, None, None)
+
+
+async def _enter_embedded(embedded: contextlib.AbstractAsyncContextManager[Any], args: argparse.Namespace,
+                          sandboxed: bool) -> Any:
+    """Enter an embedded policy service (either kind) and say at start that, without a sandbox, its
+    prompts are denied. The caller exits it.
+
+    Raises:
+        RunSetupError: the rules or the audit log cannot be loaded.
+    """
+    from execgate.policy_service.rules import RulesError
+
     try:
         service = await embedded.__aenter__()
     except (RulesError, OSError) as exc:
         raise RunSetupError(f"cannot start the embedded policy service: {exc}") from exc
-    try:
-        if not sandboxed and not args.quiet:
-            print("execgate: no sandbox: prompt rules are denied (the shell could answer its own prompts)",
-                  file=sys.stderr, flush=True)
-        yield service
-    finally:
-        await embedded.__aexit__(None, None, None)
+    if not sandboxed and not args.quiet:
+        print("execgate: no sandbox: prompt rules are denied (the shell could answer its own prompts)",
+              file=sys.stderr, flush=True)
+    return service
 
 
 def prompt_refusal(args: argparse.Namespace, sandboxed: bool) -> str | None:
