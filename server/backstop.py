@@ -24,8 +24,9 @@ each notification on the event loop (``loop.add_reader``):
 * a query by exec (server/protocol.py "Query by exec": the shim's raw ``execve`` carrying
   ``QUERY_EXEC_MARK`` and this backstop's :attr:`Backstop.query_token`) is answered as the shim's
   cached-only query: the policy's ``query_run`` (a Run given without asking anyone) →
-  ``CONTINUE``; anything else, or another token → ``QUERY_UNDECIDED_ERRNO``, nothing decided or
-  audited (the shim then execs the wrapper);
+  ``CONTINUE``; anything else, another token, or a file it cannot name in the caller's view (a
+  path through ``/proc``) → ``QUERY_UNDECIDED_ERRNO``, nothing decided or audited (the shim then
+  execs the wrapper, whose target fd names the file);
 * any other exec is decided by the policy: Run → ``CONTINUE``; Deny → ``EACCES`` and
   ``Execution denied: <reason>`` on the caller's stderr; Escalate → cannot be done in place: also
   ``EACCES``, with a reason saying to run it through the session's shell.
@@ -287,8 +288,9 @@ class Backstop:
         (0: continue; else the errno: any failure is a refusal, fail closed), ``(None, None)``
         when the caller is gone."""
         exe: _Exec | None = None
+        mark = _mark(notif)
         try:
-            exe = self._read(notif)
+            exe = self._read(notif, mark)
             if exe is not None and not self._undecided(notif.pid, exe):
                 if exe.mark is not None and exe.mark != self.query_token:
                     return None, p.QUERY_UNDECIDED_ERRNO  # another session's (or a forged) query
@@ -298,6 +300,8 @@ class Backstop:
         except sn.NotificationGone:
             return None, None
         except Unnamed as exc:
+            if mark is not None:  # a query: the wrapper asks in full, with the file open (its fd names it)
+                return None, p.QUERY_UNDECIDED_ERRNO
             self._tell(notif.pid, f"Execution denied: {exc}\n")
         except OSError as exc:
             if exc.errno in _AS_THE_KERNEL:
@@ -328,12 +332,13 @@ class Backstop:
             os.close(exe.fd)
         self._answer(notif.id, error)
 
-    def _read(self, notif: sn.Notification) -> _Exec | None:
+    def _read(self, notif: sn.Notification, mark: int | None = None) -> _Exec | None:
         """Read the exec's program, argv and working directory from the stopped caller and open
         the file the kernel will run, resolved in the caller's view as the kernel resolves it
         (:func:`~execgate.server.identity.walk`: not the lexically normalised path, whose
         ``link/..`` would name another directory); None for an ``execve`` of the session's
-        wrapper (the shim's exec of it: the fast path, it continues undecided).
+        wrapper (the shim's exec of it: the fast path, it continues undecided). ``mark``: the
+        exec's query token (:func:`_mark`), kept in the result.
 
         Raises:
             NotificationGone: the caller died (its pid may already name another process).
@@ -352,8 +357,6 @@ class Backstop:
             if not sn.id_valid(self._listener, notif.id):  # opened the right process's memory?
                 raise sn.NotificationGone
             a = notif.args if kind == "execve" else notif.args[1:]
-            mark = (notif.args[4] if kind == "execve" and (notif.args[3], notif.args[5]) == p.QUERY_EXEC_MARK
-                    else None)
             path = os.fsdecode(sn.read_cstring(mem, a[0], sn.PATH_MAX))
             workdir = os.readlink(f"{proc}/cwd")
             dirfd = sn.AT_FDCWD if kind == "execve" else _signed32(notif.args[0])
@@ -474,6 +477,14 @@ def _ident(path: str) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
+
+
+def _mark(notif: sn.Notification) -> int | None:
+    """The token of a query by exec (server/protocol.py: an ``execve`` whose unused 4th and 6th
+    arguments are ``QUERY_EXEC_MARK``), or None for any other exec."""
+    if sn.EXEC_SYSCALLS.get((notif.arch, notif.nr)) != "execve" or (notif.args[3], notif.args[5]) != p.QUERY_EXEC_MARK:
+        return None
+    return notif.args[4]
 
 
 def _signed32(value: int) -> int:

@@ -126,8 +126,8 @@ def test_answered_execs_make_no_socket_call(seccomp: str) -> None:
         lines = trace.read_text().splitlines()
         by_pid: dict[str, list[str]] = {}
         for line in lines:
-            pid, _, call = line.partition(" ")
-            by_pid.setdefault(pid, []).append(call)
+            pid, _, call = line.partition(" ")  # strace pads the pid to 5 columns
+            by_pid.setdefault(pid, []).append(call.lstrip())
         # The processes that became /bin/true without the wrapper (the session's first exec
         # starts the wrapper; the others are answered to the shim).
         answered = [calls for calls in by_pid.values()
