@@ -53,7 +53,7 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from execgate.server import protocol as p
 from execgate.server import seccomp_notify as sn
@@ -125,14 +125,18 @@ class Backstop:
         coverage: what the session's interception sees, for the facts of a query by exec (as the
             shim's socket query gets them); the execs decided otherwise are judged as seen by the
             backstop alone.
+        on_note: called with a Run's ``note`` for the user (why a program a rule would escalate
+            stays in the sandbox), as the socket query's Run is.
     """
 
     def __init__(self, *, launcher: str, wrapper: str, policy: Policy, context: SessionContext,
-                 max_concurrent: int = 64, max_bytes: int = 1 << 20, coverage: Coverage | None = None) -> None:
+                 max_concurrent: int = 64, max_bytes: int = 1 << 20, coverage: Coverage | None = None,
+                 on_note: Callable[[str], None] | None = None) -> None:
         self.launcher = os.path.abspath(launcher)
         self.policy = policy
         self.context = context
         self.coverage = coverage or Coverage(seccomp=True)
+        self._on_note = on_note
         #: The token a query by exec carries (server/protocol.py "Query by exec"), or None when the
         #: policy answers no queries; exported as ``EXECGATE_BACKSTOP_QUERY`` by the session.
         self.query_token: int | None = (secrets.randbelow((1 << 31) - 1) + 1
@@ -420,7 +424,11 @@ class Backstop:
         facts = await learn(exe.tgid, exe.program, self.coverage, uid=exe.uid, fd=os.dup(exe.fd))
         decision = await query_run(self.policy, exe.program, [os.fsdecode(a) for a in exe.argv], exe.workdir,
                                    self.context, facts)
-        return 0 if decision is not None else p.QUERY_UNDECIDED_ERRNO
+        if decision is None:
+            return p.QUERY_UNDECIDED_ERRNO
+        if decision.note and self._on_note is not None:
+            self._on_note(decision.note)
+        return 0
 
     async def _decide(self, exe: _Exec) -> int:
         """Ask the policy; returns 0 (Run) or the errno the exec fails with."""

@@ -161,7 +161,7 @@ class Session:
                 wrapper=self.env_overlay[p.EXEC_WRAPPER_ENV_VAR],  # after the extras: the one the shell gets
                 policy=self.policy, context=self.context,
                 max_concurrent=self.limits.max_concurrent, max_bytes=self.limits.max_frame_bytes,
-                coverage=self.coverage,
+                coverage=self.coverage, on_note=self._note,
             )
             if self.backstop.query_token is not None and p.CACHED_QUERY_ENV_VAR in self.env_overlay:
                 # The shim's query by exec (protocol doc): no socket work for an answered exec.
