@@ -22,10 +22,11 @@ each notification on the event loop (``loop.add_reader``):
   of the requesting process; an approval not used within :data:`EXPECTED_TTL_S` (10 s) is
   dropped (the exec is then decided, as any other);
 * a query by exec (server/protocol.py "Query by exec": the shim's raw ``execve`` carrying
-  ``QUERY_EXEC_MARK`` and this backstop's :attr:`Backstop.query_token`) is answered as the shim's
-  cached-only query: the policy's ``query_run`` (a Run given without asking anyone) →
-  ``CONTINUE``; anything else, another token, or a file it cannot name in the caller's view (a
-  path through ``/proc``) → ``QUERY_UNDECIDED_ERRNO``, nothing decided or audited (the shim then
+  ``QUERY_EXEC_MARK`` and this backstop's :attr:`Backstop.query_token`, of ``/proc/self/fd/N``:
+  the file the shim opened, named as the caller named it) is answered as the shim's cached-only
+  query: the policy's ``query_run`` (a Run given without asking anyone) →
+  ``CONTINUE``; anything else, another token, another path, or a file it cannot name in the
+  caller's view → ``QUERY_UNDECIDED_ERRNO``, nothing decided or audited (the shim then
   execs the wrapper, whose target fd names the file);
 * any other exec is decided by the policy: Run → ``CONTINUE``; Deny → ``EACCES`` and
   ``Execution denied: <reason>`` on the caller's stderr; Escalate → cannot be done in place: also
@@ -101,6 +102,7 @@ class _Exec:
     fd: int  # O_PATH fd of that very file (owned by whoever holds this _Exec: _handle closes it)
     uid: int | None = None  # the calling thread's effective uid
     mark: int | None = None  # the token of a query by exec, None for any other exec
+    named: str | None = None  # a query's name for the file, joined to workdir (not normalised)
 
 
 class Unnamed(ValueError):
@@ -363,6 +365,13 @@ class Backstop:
             a = notif.args if kind == "execve" else notif.args[1:]
             path = os.fsdecode(sn.read_cstring(mem, a[0], sn.PATH_MAX))
             workdir = os.readlink(f"{proc}/cwd")
+            named = None
+            if mark is not None:  # a query by exec: the file the shim opened, by the name it was asked to run
+                if not (path.startswith(p.QUERY_EXEC_PATH_PREFIX) and path[len(p.QUERY_EXEC_PATH_PREFIX):].isdigit()):
+                    raise Unnamed(f"a query by exec names its file as {p.QUERY_EXEC_PATH_PREFIX}N, not {path}")
+                named = os.fsdecode(sn.read_cstring(mem, notif.args[5], sn.PATH_MAX))
+                if not named:
+                    raise Unnamed("a query by exec without a name")
             dirfd = sn.AT_FDCWD if kind == "execve" else _signed32(notif.args[0])
             flags = 0 if kind == "execve" else notif.args[4]
             program, fd = _locate(notif.pid, path, dirfd, flags)
@@ -383,7 +392,10 @@ class Backstop:
                 raise
         finally:
             os.close(mem)
-        return _Exec(notif.pid, tgid, ppid, program, argv, workdir, ident, version, fd, uid, mark)
+        if named is not None:
+            program = os.path.normpath(os.path.join(workdir, named))
+        return _Exec(notif.pid, tgid, ppid, program, argv, workdir, ident, version, fd, uid, mark,
+                     None if named is None else os.path.join(workdir, named))
 
     def _undecided(self, tid: int, exe: _Exec) -> bool:
         """True for the execs that continue without a decision (see the module docstring)."""
@@ -421,7 +433,7 @@ class Backstop:
         """Answer a query by exec of this session's: 0 (Run, given without asking anyone) or
         ``QUERY_UNDECIDED_ERRNO`` (the shim then execs the wrapper, which asks in full)."""
         # The file the kernel will run (learn owns the duplicate), seen as the shim's socket query sees it.
-        facts = await learn(exe.tgid, exe.program, self.coverage, uid=exe.uid, fd=os.dup(exe.fd))
+        facts = await learn(exe.tgid, exe.program, self.coverage, uid=exe.uid, fd=os.dup(exe.fd), path=exe.named)
         decision = await query_run(self.policy, exe.program, [os.fsdecode(a) for a in exe.argv], exe.workdir,
                                    self.context, facts)
         if decision is None:
@@ -488,9 +500,9 @@ def _ident(path: str) -> tuple[int, int] | None:
 
 
 def _mark(notif: sn.Notification) -> int | None:
-    """The token of a query by exec (server/protocol.py: an ``execve`` whose unused 4th and 6th
-    arguments are ``QUERY_EXEC_MARK``), or None for any other exec."""
-    if sn.EXEC_SYSCALLS.get((notif.arch, notif.nr)) != "execve" or (notif.args[3], notif.args[5]) != p.QUERY_EXEC_MARK:
+    """The token of a query by exec (server/protocol.py: an ``execve`` whose unused 4th argument
+    is ``QUERY_EXEC_MARK``; the 5th is the token), or None for any other exec."""
+    if sn.EXEC_SYSCALLS.get((notif.arch, notif.nr)) != "execve" or notif.args[3] != p.QUERY_EXEC_MARK:
         return None
     return notif.args[4]
 

@@ -50,17 +50,23 @@ execgate extensions (Codex peers ignore unknown fields, so both are backward com
   file and argv by a child of the caller through undecided.
 * **Query by exec.** Where the session has the seccomp backstop and its policy answers queries,
   the overlay holds ``EXECGATE_BACKSTOP_QUERY=<token>`` (:data:`BACKSTOP_QUERY_ENV_VAR`) and the
-  shim asks without a socket: it makes the exec itself, by the raw ``execve`` system call with
-  :data:`QUERY_EXEC_MARK` and the token as the unused 4th to 6th arguments (the kernel ignores
-  them; seccomp's notification carries them). The backstop, which stops every exec of the session
-  anyway, answers such an exec as the cached-only query above: a Run the policy gives without
-  asking anyone lets it continue (audited as any such Run); anything else fails it with
-  :data:`QUERY_UNDECIDED_ERRNO`, nothing decided, prompted or audited, and the shim execs the
-  wrapper, which asks with a full request. A mark with another token (a nested session's) is
-  answered undecided too. A process that forges the mark gains nothing: it gets a Run only where
-  the policy gives one to any exec of that file and argv. The variable is forced by the shim's
-  chain of trust like the socket's (wrapper/native/preload.c), so a session's processes use the
-  query by exec only where their own session's backstop stops their execs.
+  shim asks without a socket: it opens the file (``O_PATH``) and makes the exec itself, by the
+  raw ``execve`` system call of ``/proc/self/fd/N`` (that open file: the kernel's second lookup,
+  after the backstop's answer, reaches the same file however the name is swapped meanwhile) with
+  :data:`QUERY_EXEC_MARK`, the token and the address of the name it was asked to run as the unused
+  4th to 6th arguments (the kernel ignores them; seccomp's notification carries them). The
+  backstop, which stops every exec of the session anyway, answers such an exec as the cached-only
+  query above — the name as the request's ``file``, the open file as its target fd: a Run the
+  policy gives without asking anyone lets it continue (audited as any such Run); anything else
+  fails it with :data:`QUERY_UNDECIDED_ERRNO`, nothing decided, prompted or audited, and the shim
+  execs the wrapper, which asks with a full request. So is a mark with another token, or with a
+  path that is not ``/proc/self/fd/N`` (it would be looked up again by the kernel after the
+  answer: the name could be swapped in between). A process that forges the mark gains nothing:
+  it gets a Run only where the policy gives one to that file and argv. A ``#!`` script keeps the
+  socket query (its interpreter would be handed ``/proc/self/fd/N`` of a descriptor closed at
+  the exec). The variable is forced by the shim's chain of trust like the socket's
+  (wrapper/native/preload.c), so a session's processes use the query by exec only where their
+  own session's backstop stops their execs.
 * **Fallback socket path.** Each session also listens on a ``SOCK_STREAM`` Unix socket whose path is
   exported as ``EXECGATE_SOCKET_PATH`` (:data:`SOCKET_PATH_ENV_VAR`); its directory is private
   (mode 0700) and the socket mode 0600. A wrapper whose ``CODEX_ESCALATE_SOCKET`` fd is missing or
@@ -125,9 +131,12 @@ CACHED_QUERY_ENV_VAR = "EXECGATE_CACHED_QUERY"
 #: Set in a session's env overlay when its seccomp backstop answers queries by exec (module doc):
 #: the backstop's token, decimal, 1 .. 2**31 - 1.
 BACKSTOP_QUERY_ENV_VAR = "EXECGATE_BACKSTOP_QUERY"
-#: A query by exec: ``execve(path, argv, envp)`` made by the raw system call with these values as
-#: its otherwise unused 4th and 6th arguments, and the backstop's token as its 5th (module doc).
-QUERY_EXEC_MARK = (0x45584547, 0x51554552)  # "GEXE", "REUQ" little-endian: no libc passes them
+#: A query by exec: ``execve("/proc/self/fd/N", argv, envp)`` made by the raw system call with
+#: this value as its otherwise unused 4th argument, the backstop's token as its 5th and the
+#: address of the name the caller gave the file as its 6th (module doc).
+QUERY_EXEC_MARK = 0x45584547  # "GEXE" little-endian: no libc passes it
+#: The path of a query by exec: the file the shim opened, by its fd (module doc).
+QUERY_EXEC_PATH_PREFIX = "/proc/self/fd/"
 #: The errno of a query by exec that the policy does not answer Run: the shim then execs the
 #: wrapper (module doc). execve(2) never fails with it for a reason of its own.
 QUERY_UNDECIDED_ERRNO = errno.EOPNOTSUPP

@@ -28,10 +28,11 @@
 #define EG_ENV_CACHED_QUERY "EXECGATE_CACHED_QUERY" /* "1": the shim asks the cache first */
 #define EG_ENV_BACKSTOP_QUERY "EXECGATE_BACKSTOP_QUERY" /* the backstop's token: query by exec */
 #define EG_ENV_PREFIX "EXECGATE_"
-/* A query by exec (server/protocol.py "Query by exec"): the raw execve's unused 4th and 6th
- * arguments (QUERY_EXEC_MARK), the token its 5th; QUERY_UNDECIDED_ERRNO when not answered Run. */
-#define EG_QUERY_MARK_A 0x45584547L
-#define EG_QUERY_MARK_B 0x51554552L
+/* A query by exec (server/protocol.py "Query by exec"): execve("/proc/self/fd/N") by the raw
+ * system call, QUERY_EXEC_MARK its unused 4th argument, the token its 5th, the name its 6th;
+ * QUERY_UNDECIDED_ERRNO when not answered Run. */
+#define EG_QUERY_MARK 0x45584547L
+#define EG_QUERY_PATH_PREFIX "/proc/self/fd/"
 #define EG_QUERY_UNDECIDED_ERRNO EOPNOTSUPP
 
 /* Largest frame payload either side accepts (server/protocol.py MAX_FRAME_BYTES). */

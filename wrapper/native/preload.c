@@ -333,8 +333,8 @@ static void eg_init(void)
         else if (strcmp(eg_forced_names[k], EG_ENV_BACKSTOP_QUERY) == 0)
             eg_backstop_token = eg_parse_ulong(strchr(eg_forced[k], '=') + 1);
     }
-    if (eg_backstop_token <= 0 || eg_backstop_token > 0x7fffffffL)
-        eg_backstop_token = -1;
+    if (eg_backstop_token <= 0 || eg_backstop_token > 0x7fffffffL || access(EG_QUERY_PATH_PREFIX, X_OK) != 0)
+        eg_backstop_token = -1; /* also without /proc: the socket query then */
     w = getenv(EG_ENV_CACHED_QUERY);
     eg_cached_query = w != NULL && strcmp(w, "1") == 0;
     eg_real_posix_spawn = (eg_spawn_fn)dlsym(RTLD_NEXT, "posix_spawn");
@@ -716,21 +716,32 @@ static int eg_cached_run(const char *path, char *const argv[], char *const envp[
 
 /*
  * Query by exec (server/protocol.py): where the session's seccomp backstop stops every exec
- * anyway, the exec itself is the question. The raw execve carries the mark and the token as its
- * unused arguments; the backstop lets it continue on a Run the policy gives without asking anyone
- * (the program then runs here, no socket work at all), else fails it with
- * EG_QUERY_UNDECIDED_ERRNO: 0 is returned and the caller execs the wrapper. Returns -1 (errno
- * set) when the exec failed otherwise, as execve would. A process outside any backstop never has
- * the variable: the shim's chain of trust forces it, as the socket's, from the session's start.
+ * anyway, the exec itself is the query. PATH is opened (O_PATH) and executed as
+ * /proc/self/fd/N — the kernel's lookup after the backstop's answer reaches that very file,
+ * whatever PATH names by then — by the raw execve, whose unused arguments carry the mark, the
+ * token and PATH (the name the policy judges). The backstop lets it continue on a Run the policy
+ * gives without asking anyone (the program then runs here, no socket work at all), else fails it
+ * with EG_QUERY_UNDECIDED_ERRNO: 0 is returned and the caller execs the wrapper. Returns -1
+ * (errno set) when the exec failed otherwise, as execve would. Not for a "#!" script (its
+ * interpreter would get /proc/self/fd/N of a close-on-exec fd). A process outside any backstop
+ * never has the variable: the shim's chain of trust forces it, as the socket's.
  */
 static int eg_backstop_run(const char *path, char *const argv[], char *const envp[])
 {
     size_t envc = eg_count(envp), pcap = eg_preload_cap(envp);
     char *nenv[envc + EG_SAVED_MAX + EG_NFORCED + 4];
-    char pbuf[pcap];
+    char pbuf[pcap], fdpath[sizeof EG_QUERY_PATH_PREFIX + 24];
+    int err, target = open(path, O_PATH | O_CLOEXEC);
+    if (target < 0)
+        return 0;
+    memcpy(fdpath, EG_QUERY_PATH_PREFIX, sizeof EG_QUERY_PATH_PREFIX - 1);
+    eg_format_ulong(fdpath + sizeof EG_QUERY_PATH_PREFIX - 1, (unsigned long)target);
     eg_env_build(nenv, envp, pbuf, pcap, 0);
-    syscall(SYS_execve, path, argv, nenv, EG_QUERY_MARK_A, eg_backstop_token, EG_QUERY_MARK_B);
-    return errno == EG_QUERY_UNDECIDED_ERRNO ? 0 : -1;
+    syscall(SYS_execve, fdpath, argv, nenv, EG_QUERY_MARK, eg_backstop_token, path);
+    err = errno;
+    close(target);
+    errno = err;
+    return err == EG_QUERY_UNDECIDED_ERRNO ? 0 : -1;
 }
 
 /* Exec the wrapper itself (a Codex-patched shell honouring EXEC_WRAPPER): not wrapped twice. */
@@ -777,8 +788,9 @@ static int eg_try(const char *path, char *const argv[], char *const envp[], int 
         return -1;
     }
     if (eg_cached_query && eg_depth < eg_max_depth) {
-        int ran = eg_backstop_token > 0 ? eg_backstop_run(path, argv, envp)
-                                        : eg_cached_run(path, argv, envp, script == EG_KIND_HASHBANG);
+        int ran = eg_backstop_token > 0 && script != EG_KIND_HASHBANG
+                      ? eg_backstop_run(path, argv, envp)
+                      : eg_cached_run(path, argv, envp, script == EG_KIND_HASHBANG);
         if (ran != 0)
             return ran;
     }
