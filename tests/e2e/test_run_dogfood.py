@@ -65,10 +65,12 @@ def test_execgate_tests_pass_under_execgate(short_tmp: Path):
     names = {Path(r["program"]).name for r in records}
     assert len(records) >= 8 and "nm" in names, sorted(names)
     # Compared by basename: a caller may exec a relative path that the server resolved. The
-    # wrapper and the shim run a judged program with execveat(fd, "", argv, …, AT_EMPTY_PATH):
-    # named by argv[0]; a posix_spawn after the query, by its path.
-    execd = Counter(Path(path or arg0).name for path, arg0 in re.findall(
-        r'execve\("([^"]+)".* = 0$|execveat\(\d+, "", \["([^"]*)".* = 0$', trace.read_text(), flags=re.M))
+    # wrapper and the shim run a judged program by its open fd — execveat(fd, "", argv, …,
+    # AT_EMPTY_PATH), or execve("/proc/self/fd/N", argv, …) for the query by exec: named by
+    # argv[0]; a posix_spawn after the query, by its path.
+    execd = Counter(Path(path or arg0 or fd_arg0).name for fd_arg0, path, arg0 in re.findall(
+        r'execve\("/proc/self/fd/\d+", \["([^"]*)".* = 0$|execve\("([^"]+)".* = 0$|execveat\(\d+, "", \["([^"]*)".* = 0$',
+        trace.read_text(), flags=re.M))
     decided = Counter(Path(r["program"]).name for r in records)
     assert all(execd[name] >= n for name, n in decided.items()), (decided, execd)
     assert len({r["decision_id"] for r in records}) == len(records)
