@@ -22,8 +22,8 @@ each notification on the event loop (``loop.add_reader``):
   of the requesting process; an approval not used within :data:`EXPECTED_TTL_S` (10 s) is
   dropped (the exec is then decided, as any other);
 * a query by exec (server/protocol.py "Query by exec": the shim's raw ``execve`` carrying
-  ``QUERY_EXEC_MARK`` and this backstop's :attr:`Backstop.query_token`, of ``/proc/self/fd/N``:
-  the file the shim opened, named as the caller named it) is answered as the shim's cached-only
+  ``QUERY_EXEC_MARK`` and this backstop's :attr:`Backstop.query_token`: ``execveat`` of the file
+  the shim opened, named as the caller named it) is answered as the shim's cached-only
   query: the policy's ``query_run`` (a Run given without asking anyone) →
   ``CONTINUE``; anything else, another token, another path, or a file it cannot name in the
   caller's view → ``QUERY_UNDECIDED_ERRNO``, nothing decided or audited (the shim then
@@ -103,6 +103,10 @@ class _Exec:
     uid: int | None = None  # the calling thread's effective uid
     mark: int | None = None  # the token of a query by exec, None for any other exec
     named: str | None = None  # a query's name for the file, joined to workdir (not normalised)
+
+
+class _Undecided(Exception):
+    """A query by exec answered undecided before any decision (no name, an unnamed file)."""
 
 
 class Unnamed(ValueError):
@@ -294,9 +298,8 @@ class Backstop:
         (0: continue; else the errno: any failure is a refusal, fail closed), ``(None, None)``
         when the caller is gone."""
         exe: _Exec | None = None
-        mark = _mark(notif)
         try:
-            exe = self._read(notif, mark)
+            exe = self._read(notif)
             if exe is not None and not self._undecided(notif.pid, exe):
                 if exe.mark is not None and exe.mark != self.query_token:
                     return None, p.QUERY_UNDECIDED_ERRNO  # another session's (or a forged) query
@@ -305,9 +308,9 @@ class Backstop:
             return None, 0
         except sn.NotificationGone:
             return None, None
+        except _Undecided:
+            return None, p.QUERY_UNDECIDED_ERRNO
         except Unnamed as exc:
-            if mark is not None:  # a query: the wrapper asks in full, with the file open (its fd names it)
-                return None, p.QUERY_UNDECIDED_ERRNO
             self._tell(notif.pid, f"Execution denied: {exc}\n")
         except OSError as exc:
             if exc.errno in _AS_THE_KERNEL:
@@ -338,17 +341,18 @@ class Backstop:
             os.close(exe.fd)
         self._answer(notif.id, error)
 
-    def _read(self, notif: sn.Notification, mark: int | None = None) -> _Exec | None:
+    def _read(self, notif: sn.Notification) -> _Exec | None:
         """Read the exec's program, argv and working directory from the stopped caller and open
         the file the kernel will run, resolved in the caller's view as the kernel resolves it
         (:func:`~execgate.server.identity.walk`: not the lexically normalised path, whose
         ``link/..`` would name another directory); None for an ``execve`` of the session's
-        wrapper (the shim's exec of it: the fast path, it continues undecided). ``mark``: the
-        exec's query token (:func:`_mark`), kept in the result.
+        wrapper (the shim's exec of it: the fast path, it continues undecided). A query by exec
+        (:func:`_query_mark`) is named as the caller named it, its file being the one it opened.
 
         Raises:
             NotificationGone: the caller died (its pid may already name another process).
             Unnamed: the file cannot be identified in the caller's view.
+            _Undecided: a query by exec that cannot be answered here (the wrapper will ask).
             OSError: the path does not resolve (the errno the exec would fail with), or the
                 caller's memory cannot be read.
             ValueError: bad pointers, oversized arguments, an unsupported call.
@@ -365,16 +369,17 @@ class Backstop:
             a = notif.args if kind == "execve" else notif.args[1:]
             path = os.fsdecode(sn.read_cstring(mem, a[0], sn.PATH_MAX))
             workdir = os.readlink(f"{proc}/cwd")
-            named = None
-            if mark is not None:  # a query by exec: the file the shim opened, by the name it was asked to run
-                if not (path.startswith(p.QUERY_EXEC_PATH_PREFIX) and path[len(p.QUERY_EXEC_PATH_PREFIX):].isdigit()):
-                    raise Unnamed(f"a query by exec names its file as {p.QUERY_EXEC_PATH_PREFIX}N, not {path}")
-                named = os.fsdecode(sn.read_cstring(mem, notif.args[5], sn.PATH_MAX))
-                if not named:
-                    raise Unnamed("a query by exec without a name")
             dirfd = sn.AT_FDCWD if kind == "execve" else _signed32(notif.args[0])
             flags = 0 if kind == "execve" else notif.args[4]
-            program, fd = _locate(notif.pid, path, dirfd, flags)
+            mark, named = _query_mark(mem, notif, kind, ptr, path) if kind == "execveat" else (None, None)
+            if mark is not None and not named:
+                raise _Undecided
+            try:
+                program, fd = _locate(notif.pid, path, dirfd, flags)
+            except Unnamed:
+                if mark is not None:  # the wrapper asks in full, with the file open
+                    raise _Undecided from None
+                raise
             try:
                 st = os.fstat(fd)
                 ident, version = (st.st_dev, st.st_ino), (st.st_ctime_ns, st.st_size)
@@ -499,12 +504,27 @@ def _ident(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _mark(notif: sn.Notification) -> int | None:
-    """The token of a query by exec (server/protocol.py: an ``execve`` whose unused 4th argument
-    is ``QUERY_EXEC_MARK``; the 5th is the token), or None for any other exec."""
-    if sn.EXEC_SYSCALLS.get((notif.arch, notif.nr)) != "execve" or notif.args[3] != p.QUERY_EXEC_MARK:
-        return None
-    return notif.args[4]
+def _query_mark(mem: int, notif: sn.Notification, kind: str, ptr: int, path: str) -> tuple[int | None, str | None]:
+    """``(token, name)`` of a query by exec (server/protocol.py: ``execveat(fd, "", …,
+    AT_EMPTY_PATH)`` whose unused 6th argument points at three words of the caller's size:
+    ``QUERY_EXEC_MARK``, the token, the address of the name), else ``(None, None)``. ``mem``: the
+    caller's ``/proc/PID/mem`` (borrowed). Never raises for the caller's memory: unreadable words
+    are no mark, an unreadable name is None."""
+    if kind != "execveat" or path or notif.args[4] != sn.AT_EMPTY_PATH or not notif.args[5]:
+        return None, None
+    try:
+        words = os.pread(mem, 3 * ptr, notif.args[5])
+    except (OSError, OverflowError):
+        return None, None
+    if len(words) != 3 * ptr:
+        return None, None
+    magic, token, at = (int.from_bytes(words[i:i + ptr], "little") for i in range(0, 3 * ptr, ptr))
+    if magic != p.QUERY_EXEC_MARK:
+        return None, None
+    try:
+        return token, os.fsdecode(sn.read_cstring(mem, at, sn.PATH_MAX))
+    except (OSError, ValueError):
+        return token, None
 
 
 def _signed32(value: int) -> int:

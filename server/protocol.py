@@ -51,20 +51,19 @@ execgate extensions (Codex peers ignore unknown fields, so both are backward com
 * **Query by exec.** Where the session has the seccomp backstop and its policy answers queries,
   the overlay holds ``EXECGATE_BACKSTOP_QUERY=<token>`` (:data:`BACKSTOP_QUERY_ENV_VAR`) and the
   shim asks without a socket: it opens the file (``O_PATH``) and makes the exec itself, by the
-  raw ``execve`` system call of ``/proc/self/fd/N`` (that open file: the kernel's second lookup,
-  after the backstop's answer, reaches the same file however the name is swapped meanwhile) with
-  :data:`QUERY_EXEC_MARK`, the token and the address of the name it was asked to run as the unused
-  4th to 6th arguments (the kernel ignores them; seccomp's notification carries them). The
-  backstop, which stops every exec of the session anyway, answers such an exec as the cached-only
-  query above — the name as the request's ``file``, the open file as its target fd: a Run the
-  policy gives without asking anyone lets it continue (audited as any such Run); anything else
-  fails it with :data:`QUERY_UNDECIDED_ERRNO`, nothing decided, prompted or audited, and the shim
-  execs the wrapper, which asks with a full request. So is a mark with another token, or with a
-  path that is not ``/proc/self/fd/N`` (it would be looked up again by the kernel after the
-  answer: the name could be swapped in between). A process that forges the mark gains nothing:
-  it gets a Run only where the policy gives one to that file and argv. A ``#!`` script keeps the
-  socket query (its interpreter would be handed ``/proc/self/fd/N`` of a descriptor closed at
-  the exec). The variable is forced by the shim's chain of trust like the socket's
+  raw ``execveat(fd, "", argv, envp, AT_EMPTY_PATH)`` system call — no path for the kernel to
+  look up again after the backstop's answer, in any thread's fd table or any ``/proc`` — whose
+  unused 6th argument points at three words of the caller's size: :data:`QUERY_EXEC_MARK`, the
+  token, and the address of the name it was asked to run (the kernel ignores the argument;
+  seccomp's notification carries it). The backstop, which stops every exec of the session
+  anyway, answers such an exec as the cached-only query above — the name as the request's
+  ``file``, the open file as its target fd: a Run the policy gives without asking anyone lets it
+  continue (audited as any such Run); anything else fails it with :data:`QUERY_UNDECIDED_ERRNO`,
+  nothing decided, prompted or audited, and the shim execs the wrapper, which asks with a full
+  request. So is a mark with another token. A process that forges the mark gains nothing: it
+  gets a Run only where the policy gives one to that file and argv. A ``#!`` script keeps the
+  socket query (its interpreter would be handed ``/dev/fd/N`` of a descriptor closed at the
+  exec). The variable is forced by the shim's chain of trust like the socket's
   (wrapper/native/preload.c), so a session's processes use the query by exec only where their
   own session's backstop stops their execs.
 * **Fallback socket path.** Each session also listens on a ``SOCK_STREAM`` Unix socket whose path is
@@ -131,12 +130,10 @@ CACHED_QUERY_ENV_VAR = "EXECGATE_CACHED_QUERY"
 #: Set in a session's env overlay when its seccomp backstop answers queries by exec (module doc):
 #: the backstop's token, decimal, 1 .. 2**31 - 1.
 BACKSTOP_QUERY_ENV_VAR = "EXECGATE_BACKSTOP_QUERY"
-#: A query by exec: ``execve("/proc/self/fd/N", argv, envp)`` made by the raw system call with
-#: this value as its otherwise unused 4th argument, the backstop's token as its 5th and the
-#: address of the name the caller gave the file as its 6th (module doc).
-QUERY_EXEC_MARK = 0x45584547  # "GEXE" little-endian: no libc passes it
-#: The path of a query by exec: the file the shim opened, by its fd (module doc).
-QUERY_EXEC_PATH_PREFIX = "/proc/self/fd/"
+#: A query by exec: ``execveat(fd, "", argv, envp, AT_EMPTY_PATH)`` made by the raw system call,
+#: its otherwise unused 6th argument the address of three words of the caller's size: this
+#: value, the backstop's token, the address of the name the caller gave the file (module doc).
+QUERY_EXEC_MARK = 0x45584547  # "GEXE" little-endian
 #: The errno of a query by exec that the policy does not answer Run: the shim then execs the
 #: wrapper (module doc). execve(2) never fails with it for a reason of its own.
 QUERY_UNDECIDED_ERRNO = errno.EOPNOTSUPP

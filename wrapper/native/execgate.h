@@ -28,11 +28,15 @@
 #define EG_ENV_CACHED_QUERY "EXECGATE_CACHED_QUERY" /* "1": the shim asks the cache first */
 #define EG_ENV_BACKSTOP_QUERY "EXECGATE_BACKSTOP_QUERY" /* the backstop's token: query by exec */
 #define EG_ENV_PREFIX "EXECGATE_"
-/* A query by exec (server/protocol.py "Query by exec"): execve("/proc/self/fd/N") by the raw
- * system call, QUERY_EXEC_MARK its unused 4th argument, the token its 5th, the name its 6th;
+/* A query by exec (server/protocol.py "Query by exec"): execveat(fd, "", AT_EMPTY_PATH) by the
+ * raw system call, its unused 6th argument the address of {QUERY_EXEC_MARK, token, name};
  * QUERY_UNDECIDED_ERRNO when not answered Run. */
 #define EG_QUERY_MARK 0x45584547L
-#define EG_QUERY_PATH_PREFIX "/proc/self/fd/"
+struct eg_query_mark {
+    long magic; /* EG_QUERY_MARK */
+    long token; /* EXECGATE_BACKSTOP_QUERY */
+    const char *name; /* the path the caller asked to run: the name the policy judges */
+};
 #define EG_QUERY_UNDECIDED_ERRNO EOPNOTSUPP
 
 /* Largest frame payload either side accepts (server/protocol.py MAX_FRAME_BYTES). */

@@ -333,8 +333,8 @@ static void eg_init(void)
         else if (strcmp(eg_forced_names[k], EG_ENV_BACKSTOP_QUERY) == 0)
             eg_backstop_token = eg_parse_ulong(strchr(eg_forced[k], '=') + 1);
     }
-    if (eg_backstop_token <= 0 || eg_backstop_token > 0x7fffffffL || access(EG_QUERY_PATH_PREFIX, X_OK) != 0)
-        eg_backstop_token = -1; /* also without /proc: the socket query then */
+    if (eg_backstop_token <= 0 || eg_backstop_token > 0x7fffffffL)
+        eg_backstop_token = -1;
     w = getenv(EG_ENV_CACHED_QUERY);
     eg_cached_query = w != NULL && strcmp(w, "1") == 0;
     eg_real_posix_spawn = (eg_spawn_fn)dlsym(RTLD_NEXT, "posix_spawn");
@@ -716,28 +716,27 @@ static int eg_cached_run(const char *path, char *const argv[], char *const envp[
 
 /*
  * Query by exec (server/protocol.py): where the session's seccomp backstop stops every exec
- * anyway, the exec itself is the query. PATH is opened (O_PATH) and executed as
- * /proc/self/fd/N — the kernel's lookup after the backstop's answer reaches that very file,
- * whatever PATH names by then — by the raw execve, whose unused arguments carry the mark, the
- * token and PATH (the name the policy judges). The backstop lets it continue on a Run the policy
- * gives without asking anyone (the program then runs here, no socket work at all), else fails it
- * with EG_QUERY_UNDECIDED_ERRNO: 0 is returned and the caller execs the wrapper. Returns -1
- * (errno set) when the exec failed otherwise, as execve would. Not for a "#!" script (its
- * interpreter would get /proc/self/fd/N of a close-on-exec fd). A process outside any backstop
- * never has the variable: the shim's chain of trust forces it, as the socket's.
+ * anyway, the exec itself is the query. PATH is opened (O_PATH) and that open file executed by
+ * the raw execveat(fd, "", AT_EMPTY_PATH) — no path for the kernel to look up again after the
+ * backstop's answer — whose unused 6th argument points at the mark, the token and PATH (the name
+ * the policy judges). The backstop lets it continue on a Run the policy gives without asking
+ * anyone (the program then runs here, no socket work at all), else fails it with
+ * EG_QUERY_UNDECIDED_ERRNO: 0 is returned and the caller execs the wrapper. Returns -1 (errno
+ * set) when the exec failed otherwise, as execve would. Not for a "#!" script (its interpreter
+ * would get /dev/fd/N of a close-on-exec fd). A process outside any backstop never has the
+ * variable: the shim's chain of trust forces it, as the socket's.
  */
 static int eg_backstop_run(const char *path, char *const argv[], char *const envp[])
 {
     size_t envc = eg_count(envp), pcap = eg_preload_cap(envp);
     char *nenv[envc + EG_SAVED_MAX + EG_NFORCED + 4];
-    char pbuf[pcap], fdpath[sizeof EG_QUERY_PATH_PREFIX + 24];
+    char pbuf[pcap];
+    struct eg_query_mark mark = {EG_QUERY_MARK, eg_backstop_token, path};
     int err, target = open(path, O_PATH | O_CLOEXEC);
     if (target < 0)
         return 0;
-    memcpy(fdpath, EG_QUERY_PATH_PREFIX, sizeof EG_QUERY_PATH_PREFIX - 1);
-    eg_format_ulong(fdpath + sizeof EG_QUERY_PATH_PREFIX - 1, (unsigned long)target);
     eg_env_build(nenv, envp, pbuf, pcap, 0);
-    syscall(SYS_execve, fdpath, argv, nenv, EG_QUERY_MARK, eg_backstop_token, path);
+    syscall(SYS_execveat, target, "", argv, nenv, AT_EMPTY_PATH, &mark);
     err = errno;
     close(target);
     errno = err;
