@@ -159,6 +159,10 @@ class Backstop:
         self._listener = -1
         self._shell: str | None = None
         self._expected: dict[int, _Expected] = {}
+        #: Inode of the session's mount namespace (its launcher's, the first notification): only
+        #: there is the caller's ``/proc`` the one the session started with.
+        self._mntns: int | None = None
+        self._first = True
         #: Approved execs of a child: (parent tgid, (st_dev, st_ino), argv digest) → their deadlines
         #: (posix_spawn). Digests, not argvs: a session must not make the server hold its argvs.
         self._expected_children: dict[tuple[int, tuple[int, int, int, int], bytes],
@@ -298,6 +302,9 @@ class Backstop:
         (0: continue; else the errno: any failure is a refusal, fail closed), ``(None, None)``
         when the caller is gone."""
         exe: _Exec | None = None
+        if self._first:  # the launcher's exec of the shell
+            self._first = False
+            self._mntns = _mntns(notif.pid)
         try:
             exe = self._read(notif)
             if exe is not None and not self._undecided(notif.pid, exe):
@@ -374,8 +381,10 @@ class Backstop:
             mark, named = _query_mark(mem, notif, kind, ptr, path) if kind == "execveat" else (None, None)
             if mark is not None and not named:
                 raise _Undecided
+            tgid, ppid, uid = _ids(proc)
+            own_proc = self._mntns is not None and _mntns(notif.pid) == self._mntns
             try:
-                program, fd = _locate(notif.pid, path, dirfd, flags)
+                program, fd = _locate(notif.pid, path, dirfd, flags, tgid=tgid, own_proc=own_proc)
             except Unnamed:
                 if mark is not None:  # the wrapper asks in full, with the file open
                     raise _Undecided from None
@@ -389,7 +398,6 @@ class Backstop:
                     os.close(fd)
                     return None
                 argv = sn.read_argv(mem, a[1], ptr, max_count=MAX_ARGS, max_bytes=self.max_bytes)
-                tgid, ppid, uid = _ids(proc)
                 if not sn.id_valid(self._listener, notif.id):
                     raise sn.NotificationGone
             except BaseException:
@@ -527,6 +535,15 @@ def _query_mark(mem: int, notif: sn.Notification, kind: str, ptr: int, path: str
         return token, None
 
 
+def _mntns(tid: int) -> int | None:
+    """Inode of thread ``tid``'s mount namespace (``/proc/TID/ns/mnt``, namespaces(7)), None if
+    it cannot be read."""
+    try:
+        return os.stat(f"/proc/{tid}/ns/mnt").st_ino
+    except OSError:
+        return None
+
+
 def _signed32(value: int) -> int:
     value &= 0xFFFFFFFF
     return value - (1 << 32) if value >= 1 << 31 else value
@@ -564,7 +581,7 @@ def _tgid(proc: str) -> int:
     return _ids(proc)[0]
 
 
-def _locate(tid: int, path: str, dirfd: int, flags: int) -> tuple[str, int]:
+def _locate(tid: int, path: str, dirfd: int, flags: int, *, tgid: int, own_proc: bool) -> tuple[str, int]:
     """The exec's file: the name the caller gives it (absolute, lexically normalised) and an
     ``O_PATH`` fd (owned by the caller of this function) of the very file the kernel will run.
 
@@ -572,7 +589,11 @@ def _locate(tid: int, path: str, dirfd: int, flags: int) -> tuple[str, int]:
     open follows to that very file); a path is resolved from the caller's root as the kernel does
     (:func:`~execgate.server.identity.walk`: never lexically normalised first, so ``link/..`` is the
     parent of the link's target), a relative one from the caller's cwd or ``dirfd``,
-    ``/proc/self/fd/N`` and ``/dev/fd/N`` as the caller's own open files.
+    ``/proc/self/fd/N`` and ``/dev/fd/N`` as the open files of the thread group ``tgid`` (its
+    leader's fd table), ``/proc/thread-self/fd/N`` as thread ``tid``'s — only with ``own_proc``
+    (the caller is in the session's mount namespace: its ``/proc`` is the one the session started
+    with); otherwise such paths are Unnamed (a ``/proc`` of the caller's own makes them lead
+    elsewhere for the kernel).
 
     Raises:
         Unnamed: a memfd or deleted file, a path through the rest of ``/proc``, a starting
@@ -598,7 +619,7 @@ def _locate(tid: int, path: str, dirfd: int, flags: int) -> tuple[str, int]:
         if not path.startswith("/"):
             link = f"/proc/{tid}/cwd" if dirfd == sn.AT_FDCWD else f"/proc/{tid}/fd/{dirfd}"
             path = os.path.join(_dir_of(root, link), path)
-        walked = walk(root, path, fds_of=tid)
+        walked = walk(root, path, fds_of=(tid, tgid) if own_proc else None)
     except Unresolved as exc:
         raise Unnamed(f"{path} cannot be identified: {exc}") from exc
     finally:

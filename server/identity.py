@@ -177,16 +177,21 @@ def judge(root: int, program: str, uid: int, fd: int | None, walked: Walked | No
     )
 
 
-def walk(root: int, path: str, *, fds_of: int | None = None) -> Walked:
+def walk(root: int, path: str, *, fds_of: tuple[int, int] | None = None) -> Walked:
     """Resolve absolute ``path`` from the caller's ``root`` (borrowed fd), following symlinks, as
     the kernel does (path_resolution(7)): ``..`` is the parent of the directory reached so far,
     symlinks included, so ``link/..`` is *not* the directory holding ``link``. Give it the path as
     the caller named it, not lexically normalised, to find the file an exec will run.
 
     Args:
-        fds_of: a thread id (server's pid namespace) whose open files ``/proc/self/fd/N`` and
-            ``/proc/thread-self/fd/N`` name (reached directly or through a symlink such as
-            ``/dev/fd``); None: those paths are Unresolved like the rest of ``/proc``.
+        fds_of: ``(tid, tgid)`` of the calling thread (server's pid namespace): the open files
+            ``/proc/thread-self/fd/N`` names (the thread's fd table) and ``/proc/self/fd/N``
+            names (the thread group leader's: ``self`` is the thread group, proc(5); a thread
+            cloned without ``CLONE_FILES`` has a table of its own), reached directly or through a
+            symlink such as ``/dev/fd``. Give it only where the caller's ``/proc`` is the one the
+            session started with (a process that mounts its own, in a namespace of its own, makes
+            those names lead elsewhere for the kernel); None: those paths are Unresolved like the
+            rest of ``/proc``.
 
     Returns:
         The final file, open ``O_PATH`` (:class:`Walked`; its fd is the caller's to close).
@@ -217,7 +222,7 @@ def walk(root: int, path: str, *, fds_of: int | None = None) -> Walked:
                 continue
             if not names and comp == "proc":
                 if fds_of is not None and _is_own_fd(todo):
-                    return open_fd_of(fds_of, int(todo[0]))
+                    return open_fd_of(fds_of[0] if todo[2] == "thread-self" else fds_of[1], int(todo[0]))
                 raise Unresolved("the path goes through /proc (magic links of the caller's pid namespace)")
             here = fds[-1] if fds else root
             fd = os.open(comp, _PATH_FLAGS, dir_fd=here)

@@ -29,6 +29,13 @@ and the exec), unprivileged, inside bwrap. Marked (new: passes on ef88737) and p
 
 In a bwrap sandbox findings 1-2 do not work: ``--disable-userns`` and ``--cap-drop ALL`` leave no way to
 mount (the helper prints ``UNSHARE EPERM``), checked by the bwrap case of test 1.
+
+Fixed: the query by exec is ``execveat(fd, "", AT_EMPTY_PATH)`` (no path for the kernel to
+resolve; the mark behind the unused 6th argument), so the helpers' marked ``execve`` of
+``/proc/self/fd/N`` here is an ordinary exec; and the backstop resolves ``/proc/self/fd/N`` in
+the thread group leader's fd table (``thread-self`` in the thread's), only for a caller in the
+session's own mount namespace (elsewhere its ``/proc`` may be its own: refused as unnamed).
+All six pre-existing cases failed on ef88737 and on 5003b75; the whole file passes now.
 """
 
 from __future__ import annotations
