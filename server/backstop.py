@@ -159,9 +159,12 @@ class Backstop:
         self._listener = -1
         self._shell: str | None = None
         self._expected: dict[int, _Expected] = {}
-        #: Inode of the session's mount namespace (its launcher's, the first notification): only
-        #: there is the caller's ``/proc`` the one the session started with.
+        #: Inode of the session's mount namespace and (device, inode) of its root directory (its
+        #: launcher's, the first notification): only there is the caller's ``/proc`` the one the
+        #: session started with, and only with that root do its absolute paths name the files
+        #: the rules name.
         self._mntns: int | None = None
+        self._root: tuple[int, int] | None = None
         self._first = True
         #: Approved execs of a child: (parent tgid, (st_dev, st_ino), argv digest) → their deadlines
         #: (posix_spawn). Digests, not argvs: a session must not make the server hold its argvs.
@@ -304,7 +307,7 @@ class Backstop:
         exe: _Exec | None = None
         if self._first:  # the launcher's exec of the shell
             self._first = False
-            self._mntns = _mntns(notif.pid)
+            self._mntns, self._root = _mntns(notif.pid), _root_of(notif.pid)
         try:
             exe = self._read(notif)
             if exe is not None and not self._undecided(notif.pid, exe):
@@ -382,6 +385,9 @@ class Backstop:
             if mark is not None and not named:
                 raise _Undecided
             tgid, ppid, uid = _ids(proc)
+            if _root_of(notif.pid) != self._root or self._root is None:
+                raise Unnamed("the caller runs in a root directory of its own (chroot): its paths name other "
+                              "files than the session's")
             own_proc = self._mntns is not None and _mntns(notif.pid) == self._mntns
             try:
                 program, fd = _locate(notif.pid, path, dirfd, flags, tgid=tgid, own_proc=own_proc)
@@ -542,6 +548,16 @@ def _mntns(tid: int) -> int | None:
         return os.stat(f"/proc/{tid}/ns/mnt").st_ino
     except OSError:
         return None
+
+
+def _root_of(tid: int) -> tuple[int, int] | None:
+    """(device, inode) of thread ``tid``'s root directory (``/proc/TID/root``, proc(5)), None if
+    it cannot be read."""
+    try:
+        st = os.stat(f"/proc/{tid}/root")
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _signed32(value: int) -> int:

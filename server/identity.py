@@ -31,6 +31,7 @@ worker thread (``asyncio.to_thread``), never on an event loop.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import stat
@@ -50,6 +51,18 @@ PSEUDO_ROOTS = ("/proc", "/dev")
 _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;} (unix(7))
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _UNSAFE_MODE = stat.S_IWGRP | stat.S_IWOTH
+#: statfs(2) ``f_type`` of procfs (linux/magic.h).
+PROC_SUPER_MAGIC = 0x9FA0
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _is_procfs(fd: int) -> bool:
+    """True if the directory open on ``fd`` lies on a procfs (fstatfs(2) ``f_type``; an error
+    counts as procfs: the caller then refuses the path)."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs: f_type is its first word
+    if _libc.fstatfs(fd, buf) != 0:
+        return True
+    return int.from_bytes(buf.raw[:ctypes.sizeof(ctypes.c_long)], "little", signed=True) == PROC_SUPER_MAGIC
 
 
 class Unresolved(OSError):
@@ -220,13 +233,20 @@ def walk(root: int, path: str, *, fds_of: tuple[int, int] | None = None) -> Walk
                     names.pop()
                     os.close(fds.pop())
                 continue
-            if not names and comp == "proc":
-                if fds_of is not None and _is_own_fd(todo):
-                    return open_fd_of(fds_of[0] if todo[2] == "thread-self" else fds_of[1], int(todo[0]))
-                raise Unresolved("the path goes through /proc (magic links of the caller's pid namespace)")
             here = fds[-1] if fds else root
             fd = os.open(comp, _PATH_FLAGS, dir_fd=here)
             st = os.fstat(fd)
+            if not names and comp == "proc" and stat.S_ISDIR(st.st_mode) and _is_procfs(fd):
+                # The caller's /proc (in a chroot of its own, a plain directory is walked as such).
+                os.close(fd)
+                if fds_of is not None and _is_own_fd(todo):
+                    return open_fd_of(fds_of[0] if todo[2] == "thread-self" else fds_of[1], int(todo[0]))
+                raise Unresolved("the path goes through /proc (magic links of the caller's pid namespace)")
+            if stat.S_ISLNK(st.st_mode) and _is_procfs(here):
+                # A magic link of a procfs mounted elsewhere: read here, it would name the server's
+                # own files (``self`` is the reader).
+                os.close(fd)
+                raise Unresolved("the path goes through a procfs (magic links of the caller's pid namespace)")
             if stat.S_ISLNK(st.st_mode):
                 os.close(fd)
                 links += 1
