@@ -452,7 +452,8 @@ class Backstop:
         """Answer a query by exec of this session's: 0 (Run, given without asking anyone) or
         ``QUERY_UNDECIDED_ERRNO`` (the shim then execs the wrapper, which asks in full)."""
         # The file the kernel will run (learn owns the duplicate), seen as the shim's socket query sees it.
-        facts = await learn(exe.tgid, exe.program, self.coverage, uid=exe.uid, fd=os.dup(exe.fd), path=exe.named)
+        facts = await learn(exe.tgid, exe.program, self.coverage, uid=exe.uid, fd=os.dup(exe.fd), path=exe.named,
+                            local=os.major(exe.ident[0]) != 0)
         decision = await query_run(self.policy, exe.program, [os.fsdecode(a) for a in exe.argv], exe.workdir,
                                    self.context, facts)
         if decision is None:
