@@ -15,6 +15,7 @@ Usage::
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -202,3 +203,42 @@ program = "dash"
 decision = "escalate"
 execution = { network = true }
 """
+
+
+def deny_by_default_rules() -> str:
+    """Rules that deny whatever they do not name: this interpreter and ``/usr/bin/true`` run, a
+    program named ``mark`` is denied with "the marker must never run"."""
+    return f"""
+default = "deny"
+
+[[rule]]
+id = "python"
+program = "{sys.executable}"
+decision = "run"
+
+[[rule]]
+id = "true"
+program = "/usr/bin/true"
+decision = "run"
+
+[[rule]]
+id = "no-mark"
+program = "mark"
+decision = "deny"
+justification = "the marker must never run"
+"""
+
+
+def gated_run(attacker: Attacker, rules: str, script: str, *extra: str,
+              sandbox: str = "none") -> tuple[subprocess.CompletedProcess[str], list[dict]]:
+    """``execgate run --seccomp on`` of ``script`` as ``attacker``, in its working directory, with
+    ``rules`` written there and an audit log; returns the result and the audit records."""
+    work = attacker.workdir()
+    (work / "rules.toml").write_text(rules)
+    audit = work / "audit.jsonl"
+    if not attacker.is_root:
+        grant_traverse(attacker.name, Path(sys.executable).resolve())
+    done = attacker.execgate("run", "-q", "--sandbox", sandbox, "--seccomp", "on", "--rules", str(work / "rules.toml"),
+                             "--audit-log", str(audit), "--cwd", str(work), *extra, "--", script, cwd=work)
+    records = [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
+    return done, records

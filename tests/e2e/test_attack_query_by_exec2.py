@@ -49,7 +49,7 @@ from pathlib import Path
 
 import pytest
 
-from attack_support import Attacker, grant_traverse
+from attack_support import Attacker, deny_by_default_rules, gated_run
 from execgate.server.sandbox import bwrap_usable
 
 pytestmark = [pytest.mark.e2e]
@@ -60,38 +60,9 @@ OVER = Path(__file__).parent / "data" / "qbe_proc_over.py"
 def _session(attacker: Attacker, rules: str, script: str, *extra: str,
              sandbox: str = "none") -> tuple[subprocess.CompletedProcess[str], list[dict]]:
     work = attacker.workdir()
-    (work / "rules.toml").write_text(rules)
-    audit = work / "audit.jsonl"
     attacker.marker_program(work, "mark")
     shutil.copy(OVER, work / "over.py")
-    if not attacker.is_root:
-        grant_traverse(attacker.name, Path(sys.executable).resolve())
-    done = attacker.execgate("run", "-q", "--sandbox", sandbox, "--seccomp", "on", "--rules", str(work / "rules.toml"),
-                             "--audit-log", str(audit), "--cwd", str(work), *extra, "--", script, cwd=work)
-    records = [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
-    return done, records
-
-
-def _deny_by_default() -> str:
-    return f"""
-default = "deny"
-
-[[rule]]
-id = "python"
-program = "{sys.executable}"
-decision = "run"
-
-[[rule]]
-id = "true"
-program = "/usr/bin/true"
-decision = "run"
-
-[[rule]]
-id = "no-mark"
-program = "mark"
-decision = "deny"
-justification = "the marker must never run"
-"""
+    return gated_run(attacker, rules, script, *extra, sandbox=sandbox)
 
 
 @pytest.mark.parametrize("sandbox", ["none", "bwrap"])
@@ -101,7 +72,7 @@ def test_a_proc_of_its_own_runs_a_denied_file_under_an_allowed_name(attacker: At
     py = sys.executable
     script = (f"/usr/bin/true; echo t=$?; ./mark; echo m=$?; "
               f"{py} over.py /usr/bin/true /usr/bin/true ./mark true; echo end")
-    done, records = _session(attacker, _deny_by_default(), script, "--no-default-rules", sandbox=sandbox)
+    done, records = _session(attacker, deny_by_default_rules(), script, "--no-default-rules", sandbox=sandbox)
     out = done.stdout + done.stderr
     assert "t=0" in done.stdout and "m=" in done.stdout and "end" in done.stdout, out
     assert not attacker.marker_ran("mark"), f"denied file ran as /usr/bin/true: {out}\n{records[-1:]}"
@@ -135,7 +106,7 @@ def test_a_proc_of_its_own_after_a_wrapper_run_runs_a_denied_file(attacker: Atta
     "fd N" to be the approved file and continues; the kernel runs the marker."""
     py = sys.executable
     script = f"{py} over.py --asked /usr/bin/true /usr/bin/true ./mark true; echo end"
-    done, records = _session(attacker, _deny_by_default(), script, "--no-default-rules")
+    done, records = _session(attacker, deny_by_default_rules(), script, "--no-default-rules")
     out = done.stdout + done.stderr
     assert "ASKED" in done.stdout, out
     assert not attacker.marker_ran("mark"), f"denied file ran as /usr/bin/true: {out}\n{records[-1:]}"

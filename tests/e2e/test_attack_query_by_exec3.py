@@ -26,7 +26,6 @@ is the documented design: the outer gate governs what runs inside it, wrapper/na
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -35,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from attack_support import Attacker, grant_traverse
+from attack_support import Attacker, deny_by_default_rules, gated_run
 
 pytestmark = [pytest.mark.e2e]
 
@@ -48,41 +47,12 @@ def _session(attacker: Attacker, rules: str, script: str, *extra: str,
     ``mark``: a *static* ELF marker (it runs in a jail with no libraries) that writes its marker
     by a path relative to the working directory (chroot keeps it)."""
     work = attacker.workdir()
-    (work / "rules.toml").write_text(rules)
-    audit = work / "audit.jsonl"
     shutil.copy(DATA / "qbe_chroot.py", work / "chroot.py")
     rel = os.path.relpath(attacker.markers / "mark", work)
     subprocess.run(["gcc", "-O1", "-static", f'-DMARKER="{rel}"', "-o", str(work / "mark"),
                     str(DATA / "qbe_marker.c")], check=True)
     os.chown(work / "mark", attacker.uid, attacker.gid)
-    if not attacker.is_root:
-        grant_traverse(attacker.name, Path(sys.executable).resolve())
-    done = attacker.execgate("run", "-q", "--sandbox", sandbox, "--seccomp", "on", "--rules", str(work / "rules.toml"),
-                             "--audit-log", str(audit), "--cwd", str(work), *extra, "--", script, cwd=work)
-    records = [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
-    return done, records
-
-
-def _deny_by_default() -> str:
-    return f"""
-default = "deny"
-
-[[rule]]
-id = "python"
-program = "{sys.executable}"
-decision = "run"
-
-[[rule]]
-id = "true"
-program = "/usr/bin/true"
-decision = "run"
-
-[[rule]]
-id = "no-mark"
-program = "mark"
-decision = "deny"
-justification = "the marker must never run"
-"""
+    return gated_run(attacker, rules, script, *extra, sandbox=sandbox)
 
 
 def test_a_chroot_proc_after_a_wrapper_run_runs_a_denied_file(attacker: Attacker) -> None:
@@ -93,7 +63,7 @@ def test_a_chroot_proc_after_a_wrapper_run_runs_a_denied_file(attacker: Attacker
     JAIL/proc/self/fd/N, the marker."""
     py = sys.executable
     script = f"./mark; echo m=$?; {py} chroot.py --asked /usr/bin/true /usr/bin/true ./mark true; echo end"
-    done, records = _session(attacker, _deny_by_default(), script, "--no-default-rules")
+    done, records = _session(attacker, deny_by_default_rules(), script, "--no-default-rules")
     out = done.stdout + done.stderr
     assert "m=" in done.stdout and "ASKED Run" in done.stdout and "MNTNS same" in done.stdout, out
     assert not attacker.marker_ran("mark"), f"denied file ran as /usr/bin/true: {out}\n{records[-1:]}"
@@ -132,7 +102,7 @@ def test_a_chroot_makes_an_allowed_path_name_its_own_file(attacker: Attacker) ->
     rule's Run. No sandbox; in bwrap neither a user namespace nor chroot is allowed."""
     py = sys.executable
     script = f"./mark; echo m=$?; {py} chroot.py --path ./mark /usr/bin/true ./mark true; echo end"
-    done, records = _session(attacker, _deny_by_default(), script, "--no-default-rules")
+    done, records = _session(attacker, deny_by_default_rules(), script, "--no-default-rules")
     out = done.stdout + done.stderr
     assert "m=" in done.stdout and "MNTNS same" in done.stdout, out
     assert not attacker.marker_ran("mark"), f"the jail's /usr/bin/true ran: {out}\n{records[-1:]}"
