@@ -395,6 +395,11 @@ class Backstop:
                 if mark is not None:  # the wrapper asks in full, with the file open
                     raise _Undecided from None
                 raise
+            if not own_proc and not self._names_the_sessions(program if mark is None else
+                                                             os.path.normpath(os.path.join(workdir, named or "")), fd):
+                os.close(fd)
+                raise Unnamed(f"the caller runs in a mount namespace of its own, where {program} is another file "
+                              "than the session's")
             try:
                 st = os.fstat(fd)
                 ident, version = (st.st_dev, st.st_ino), (st.st_ctime_ns, st.st_size)
@@ -415,6 +420,20 @@ class Backstop:
             program = os.path.normpath(os.path.join(workdir, named))
         return _Exec(notif.pid, tgid, ppid, program, argv, workdir, ident, version, fd, uid, mark,
                      None if named is None else os.path.join(workdir, named))
+
+    def _names_the_sessions(self, program: str, fd: int) -> bool:
+        """For a caller in a mount namespace of its own (``unshare``, no sandbox): True if
+        ``program`` names, in the session's view, the very file open on ``fd`` — a bind mount of
+        its own over an allowed path would otherwise pass for that path. The session's view is
+        this server's when the session shares its mount namespace (no sandbox); in a sandbox of
+        its own, a process cannot make a mount namespace (bwrap ``--disable-userns``): False."""
+        if self._mntns is None or self._mntns != _mntns(os.getpid()):
+            return False
+        try:
+            st, mine = os.stat(program), os.fstat(fd)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
     def _undecided(self, tid: int, exe: _Exec) -> bool:
         """True for the execs that continue without a decision (see the module docstring)."""

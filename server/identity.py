@@ -240,7 +240,9 @@ def walk(root: int, path: str, *, fds_of: tuple[int, int] | None = None) -> Walk
                 # The caller's /proc (in a chroot of its own, a plain directory is walked as such).
                 os.close(fd)
                 if fds_of is not None and _is_own_fd(todo):
-                    return open_fd_of(fds_of[0] if todo[2] == "thread-self" else fds_of[1], int(todo[0]))
+                    if todo[2] == "thread-self":
+                        return open_fd_of(fds_of[0], int(todo[0]), tgid=fds_of[1])
+                    return open_fd_of(fds_of[1], int(todo[0]))
                 raise Unresolved("the path goes through /proc (magic links of the caller's pid namespace)")
             if stat.S_ISLNK(st.st_mode) and _is_procfs(here):
                 # A magic link of a procfs mounted elsewhere: read here, it would name the server's
@@ -281,15 +283,17 @@ def _is_own_fd(rest: list[str]) -> bool:
     return len(rest) == 3 and rest[2] in ("self", "thread-self") and rest[1] == "fd" and rest[0].isdigit()
 
 
-def open_fd_of(tid: int, n: int) -> Walked:
+def open_fd_of(tid: int, n: int, tgid: int | None = None) -> Walked:
     """The file thread ``tid`` has open on fd ``n``, as an exec of ``/proc/self/fd/N`` runs it:
     ``/proc/TID/fd/N`` opened ``O_PATH`` follows the magic link to that very file (proc(5)).
+    With ``tgid``, by the kernel's own name for ``/proc/thread-self``: ``/proc/TGID/task/TID/fd/N``
+    (another directory entry, which a mount over it would make lead elsewhere).
 
     Raises:
         Unresolved: the fd names no file with a name (memfd, deleted file, socket, pipe).
         OSError: no such fd (or thread).
     """
-    link = f"/proc/{tid}/fd/{n}"
+    link = f"/proc/{tid}/fd/{n}" if tgid is None else f"/proc/{tgid}/task/{tid}/fd/{n}"
     name = os.readlink(link)
     if not name.startswith("/") or name.endswith(" (deleted)"):
         raise Unresolved(f"an unnamed file ({name}) cannot be judged by name")
