@@ -281,10 +281,12 @@ async def learn(pid: int | None, program: str, coverage: Coverage, timeout_s: fl
     worker closes it when done, even after a timeout or cancellation. Never raises but for
     cancellation.
 
-    ``local``: the file lies on a block device (``os.major(st_dev) != 0``: ext4, xfs…, never
-    FUSE, NFS or another filesystem served by a process or the network) and its path has just
-    been walked on the event loop (the seccomp backstop's query by exec): read here, on the loop,
-    without the thread hand-off (~0.2 ms of CPU per exec, measured in BENCHMARKS.md)."""
+    ``local``: the file lies on a block device (``os.major(st_dev) != 0``: ext4, xfs…, not a
+    plain FUSE mount, NFS or tmpfs) and its path has just been walked on the event loop (the
+    seccomp backstop's query by exec): read here, on the loop, without the thread hand-off
+    (~0.14 ms per exec, BENCHMARKS.md). A block device can still be served by a process (fuseblk,
+    nbd, a loop device over a FUSE file, a suspended device-mapper target: root's to set up); its
+    reads can stall the loop as its path walk already can (README, "Bounded work")."""
     def owned() -> ExecFacts:
         try:
             return gather(pid, program, coverage, uid=uid, fd=fd, path=path)
