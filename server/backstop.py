@@ -395,8 +395,9 @@ class Backstop:
                 if mark is not None:  # the wrapper asks in full, with the file open
                     raise _Undecided from None
                 raise
-            if not own_proc and not self._names_the_sessions(program if mark is None else
-                                                             os.path.normpath(os.path.join(workdir, named or "")), fd):
+            if named is not None:  # the policy judges the name the shim was asked to run
+                program = os.path.normpath(os.path.join(workdir, named))
+            if not own_proc and not self._names_the_sessions(program, fd):
                 os.close(fd)
                 raise Unnamed(f"the caller runs in a mount namespace of its own, where {program} is another file "
                               "than the session's")
@@ -416,8 +417,6 @@ class Backstop:
                 raise
         finally:
             os.close(mem)
-        if named is not None:
-            program = os.path.normpath(os.path.join(workdir, named))
         return _Exec(notif.pid, tgid, ppid, program, argv, workdir, ident, version, fd, uid, mark,
                      None if named is None else os.path.join(workdir, named))
 
