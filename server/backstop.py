@@ -165,6 +165,7 @@ class Backstop:
         #: the rules name.
         self._mntns: int | None = None
         self._root: tuple[int, int] | None = None
+        self._server_mntns = _mntns(os.getpid())  # this process never changes namespace
         self._first = True
         #: Approved execs of a child: (parent tgid, (st_dev, st_ino), argv digest) → their deadlines
         #: (posix_spawn). Digests, not argvs: a session must not make the server hold its argvs.
@@ -426,7 +427,7 @@ class Backstop:
         its own over an allowed path would otherwise pass for that path. The session's view is
         this server's when the session shares its mount namespace (no sandbox); in a sandbox of
         its own, a process cannot make a mount namespace (bwrap ``--disable-userns``): False."""
-        if self._mntns is None or self._mntns != _mntns(os.getpid()):
+        if self._mntns is None or self._mntns != self._server_mntns:
             return False
         try:
             st, mine = os.stat(program), os.fstat(fd)

@@ -103,6 +103,17 @@ class Attacker:
         os.chown(path, self.uid, self.gid)
         return path
 
+    def static_marker(self, source: Path, name: str = "mark") -> Path:
+        """``workdir()/name``: ``source`` (a C file taking ``-DMARKER="…"``) compiled *static*
+        (it runs where there are no libraries, in a chroot or over a bind mount), writing
+        ``markers/name`` by a path relative to the working directory. Owned by the attacker."""
+        work = self.workdir()
+        rel = os.path.relpath(self.markers / name, work)
+        subprocess.run(["gcc", "-O1", "-static", f'-DMARKER="{rel}"', "-o", str(work / name), str(source)],
+                       check=True)
+        os.chown(work / name, self.uid, self.gid)
+        return work / name
+
     def marker_ran(self, name: str) -> bool:
         """True if the marker program ``name`` ran (its file exists)."""
         return (self.markers / name).exists()

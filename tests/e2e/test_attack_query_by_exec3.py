@@ -26,7 +26,6 @@ is the documented design: the outer gate governs what runs inside it, wrapper/na
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -48,10 +47,7 @@ def _session(attacker: Attacker, rules: str, script: str, *extra: str,
     by a path relative to the working directory (chroot keeps it)."""
     work = attacker.workdir()
     shutil.copy(DATA / "qbe_chroot.py", work / "chroot.py")
-    rel = os.path.relpath(attacker.markers / "mark", work)
-    subprocess.run(["gcc", "-O1", "-static", f'-DMARKER="{rel}"', "-o", str(work / "mark"),
-                    str(DATA / "qbe_marker.c")], check=True)
-    os.chown(work / "mark", attacker.uid, attacker.gid)
+    attacker.static_marker(DATA / "qbe_marker.c")
     return gated_run(attacker, rules, script, *extra, sandbox=sandbox)
 
 

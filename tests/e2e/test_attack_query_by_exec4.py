@@ -28,7 +28,6 @@ the very file it runs (server/backstop.py ``_names_the_sessions``). All four cas
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -63,9 +62,7 @@ def _session(attacker: Attacker, rules: str, script: str, *extra: str,
     ``mark``, a static ELF marker writing its marker by a relative path."""
     work = attacker.workdir()
     shutil.copy(DATA / "qbe_fdover.py", work / "fdover.py")
-    rel = os.path.relpath(attacker.markers / "mark", work)
-    subprocess.run(["gcc", "-O1", "-static", f'-DMARKER="{rel}"', "-o", str(work / "mark"),
-                    str(DATA / "qbe_marker.c")], check=True)
+    attacker.static_marker(DATA / "qbe_marker.c")
     return gated_run(attacker, rules, script, *extra, sandbox=sandbox)
 
 
@@ -105,10 +102,7 @@ def test_a_mount_namespace_bind_mount_makes_an_allowed_path_name_its_own_file(at
     allowed path and gives the exact-path rule's Run."""
     work = attacker.workdir()
     shutil.copy(DATA / "qbe_mntover.py", work / "mntover.py")
-    rel = os.path.relpath(attacker.markers / "mark", work)
-    subprocess.run(["gcc", "-O1", "-static", f'-DMARKER="{rel}"', "-o", str(work / "mark"),
-                    str(DATA / "qbe_marker.c")], check=True)
-    os.chown(work / "mark", attacker.uid, attacker.gid)
+    attacker.static_marker(DATA / "qbe_marker.c")
     py = sys.executable
     script = f"./mark; echo m=$?; {py} mntover.py ./mark /usr/bin/true true; echo end"
     done, records = gated_run(attacker, deny_by_default_rules(), script, "--no-default-rules")
