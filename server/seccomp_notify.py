@@ -60,7 +60,8 @@ class Notification:
         id: the kernel's cookie for the answer.
         pid: the calling thread's id, in the server's pid namespace (seccomp_unotify(2)).
         nr, arch: the system call number and ``AUDIT_ARCH_*`` of the call.
-        args: the six raw argument registers.
+        args: the six argument registers as the kernel's call uses them: for ``AUDIT_ARCH_I386``
+            their low 32 bits (the compat entry truncates them), else the raw 64-bit values.
     """
 
     id: int
@@ -85,6 +86,11 @@ def receive(listener: int) -> Notification:
             raise NotificationGone from exc
         raise
     nid, pid, _flags, nr, arch, _ip, *args = NOTIF.unpack(buf)
+    if arch == AUDIT_ARCH_I386:
+        # A 64-bit process may make an i386 call (int 0x80): seccomp_data carries its full 64-bit
+        # registers, the kernel's compat call uses their low 32 bits only. Read what the kernel
+        # reads: else a pointer whose upper half is set names one string here, another there.
+        args = [a & 0xFFFFFFFF for a in args]
     return Notification(nid, pid, nr & 0xFFFFFFFF if nr < 0 else nr, arch, tuple(args))
 
 
