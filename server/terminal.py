@@ -24,7 +24,10 @@ input queue. The user's terminal is not in its sandbox (bwrap mounts a fresh ``/
 While an approval is asked (:meth:`PtyRelay.held`), the relay stops reading the master (the
 session's output waits in the kernel's pty buffer, a few KiB, then the writer blocks) and the
 user's keys go to :meth:`PtyRelay.read_line` instead of the pty: only the person at the terminal
-can answer, and nothing the session prints can land inside the question.
+can answer, and nothing the session prints can land inside the question. The terminal state the
+session's output left (an unterminated OSC string, concealed text, a line-drawing character set,
+a one-line scrolling region) is reset first (:data:`SANE_TERMINAL`), so that nothing it printed
+before can hide or garble the question either.
 
 File descriptors: :class:`SessionPty` owns the master and the slave and closes both; the caller
 closes the slave (:meth:`SessionPty.close_slave`) once the shell has ended, so that the master
@@ -51,6 +54,20 @@ from execgate.server.output import READ_CHUNK, OutputCallback, StdioWriter
 
 #: Most typed bytes held for the pty before the terminal is no longer read.
 MAX_INPUT_PENDING = 64 * 1024
+#: Written before anything asked while the session is held (:meth:`PtyRelay.held`): the terminal
+#: state the session's earlier output may have left open, reset, so that the question shows as
+#: written (ECMA-48, the VT100/VT220 and xterm control sequences): ``ESC \\`` (ST) ends an OSC, DCS,
+#: APC, PM or SOS string — an unterminated window title swallows all text up to its terminator —
+#: and CAN aborts an escape or control sequence in progress; the cursor saved (DECSC), the scrolling
+#: region reset to the whole screen (DECSTBM, which homes the cursor), the cursor restored (DECRC);
+#: then SGR 0 (no concealed text, no foreground drawn in the background colour), G0 and G1 ASCII and
+#: G0 shifted in (no line-drawing glyphs for letters), insert mode off, autowrap on (a long argv is
+#: not cut at the screen's edge), the cursor shown; last, everything from the cursor to the end
+#: of the screen erased (ED 0), so that no text the session drew there shows through after the
+#: question's shorter lines. The question itself starts on a new line below. Terminal features
+#: beyond these (window resizing, fonts) are the terminal's to refuse.
+SANE_TERMINAL = ("\x1b\\\x18" "\x1b7\x1b[r\x1b8" "\x1b[0m\x1b(B\x1b)B\x0f" "\x1b[4l\x1b[?7h\x1b[?25h"
+                 "\x1b[J")
 #: Longest answer line :meth:`PtyRelay.read_line` keeps (longer input is not echoed or kept).
 MAX_LINE = 1024
 _ERASE = (0x08, 0x7F)  # ^H, DEL
@@ -278,12 +295,14 @@ class PtyRelay:
 
     @contextlib.asynccontextmanager
     async def held(self) -> AsyncIterator[PtyRelay]:
-        """For the ``async with`` block: the session's output held, the keys kept for
+        """For the ``async with`` block: the session's output held, the terminal's state reset
+        (:data:`SANE_TERMINAL`, after whatever the session printed last), the keys kept for
         :meth:`read_line`, type-ahead dropped. Then back to relaying."""
         self._flowing.clear()
         self._answer = bytearray()
         self._update_reader()
         try:
+            await self.write(SANE_TERMINAL)
             yield self
         finally:
             self._answer = None
