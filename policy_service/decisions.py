@@ -508,8 +508,8 @@ def untrusted_note(program: str, evaluation: object, session: SessionContext) ->
 def _stranded_workdir(session: SessionContext, workdir: str, execution: Execution | None = None) -> str | None:
     """Why an escalation run as ``execution`` cannot start in ``workdir``, or None if it can.
 
-    Outside the session's roots, ``/tmp``, ``/run``, ``/dev`` and ``/proc`` inside a sandboxed
-    shell are the sandbox's own, so the same path outside (where an unsandboxed escalation runs)
+    Outside the session's roots, ``/tmp``, ``/run``, ``/dev``, ``/proc`` and the masked real HOME
+    inside a sandboxed shell are the sandbox's own, so the same path outside (where an unsandboxed escalation runs)
     is another directory or none at all. One exception: a directory in the session's own ``/tmp``
     (``sandbox.tmp_dir``, bound at ``/tmp`` in the session's sandbox and in every sandboxed
     escalation of it) is the same for a sandboxed escalation (``permissions`` or
@@ -528,8 +528,8 @@ def _stranded_workdir(session: SessionContext, workdir: str, execution: Executio
                 "escalated unsandboxed: it would run on the host, where /tmp is the host's own, not the "
                 f"session's; cd to {instead} (or another of the session's writable roots) and run it from there")
     return (f"the working directory {workdir} exists only inside this session's sandbox (its private /tmp, "
-            f"/run, /dev or /proc), not where escalated commands start; cd to {instead} (or another of the "
-            "session's writable roots) and run it from there")
+            f"/run, /dev or /proc, or the empty directory in place of your hidden HOME), not where escalated "
+            f"commands start; cd to {instead} (or another of the session's writable roots) and run it from there")
 
 
 def _check_workdir(session: SessionContext, workdir: str, execution: Execution | None = None) -> None:

@@ -24,6 +24,7 @@ from execgate.server import protocol as p
 from execgate.server.fdpass import PeerClosedError, close_fds, recv_frame, send_frame
 from execgate.server.policy import Decision, ExecFacts, Execution, Policy, PolicyError, PreparedExec, SessionContext
 from execgate.server.containment import Placement
+from execgate.server.identity import NotTheCallersDirectory
 from execgate.server.spawn import DEFAULT_KILL_GRACE_S, ChildProcess, spawn
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ async def handle_connection(
     learn: Callable[[str, int | None, str], Awaitable[ExecFacts]] | None = None,
     on_note: Callable[[str], None] | None = None,
     placement: Placement | None = None,
+    caller_dir: Callable[[bytes], Awaitable[int]] | None = None,
 ) -> None:
     """Serve one exec on ``conn`` (non-blocking stream socket, owned and closed here).
 
@@ -109,6 +111,13 @@ async def handle_connection(
             for an escalated program it will not get), and, when a sandboxed escalation fails,
             which rule sandboxed it and how (:func:`failure_note`).
         placement: the session's containment, for escalated commands (:mod:`.containment`).
+        caller_dir: given the directory an escalated command is to start in (the request's
+            ``workdir``, as the bytes it stands for), an fd (owned by the caller of ``caller_dir``) on the caller's own working
+            directory, if that path names it where the command starts
+            (:func:`execgate.server.identity.caller_directory`); raises
+            :class:`~execgate.server.identity.NotTheCallersDirectory` or OSError if not: the
+            escalation is then refused, saying why. The command starts in that very directory (by
+            its fd: a symlink swapped in after the check changes nothing). None: not checked.
 
     Never raises for peer errors (they are logged); propagates cancellation.
     """
@@ -133,7 +142,7 @@ async def handle_connection(
             if decision.note and on_note is not None:  # e.g. a variable the caller set that it will not get
                 on_note(decision.note)
             status = await _escalate(conn, policy, program, request, decision, context, limits, on_spawn, facts,
-                                     placement)
+                                     placement, caller_dir)
             if status and on_note is not None and (note := failure_note(program, decision, status,
                                                                          context.sandbox is not None)):
                 on_note(note)
@@ -291,9 +300,11 @@ async def _escalate(
     on_spawn: Callable[[ChildProcess], None],
     facts: ExecFacts | None = None,
     placement: Placement | None = None,
+    caller_dir: Callable[[bytes], Awaitable[int]] | None = None,
 ) -> int | None:
     """Prepare, spawn and supervise an escalated command; its status, or None if none was
-    spawned or nobody is left to tell."""
+    spawned or nobody is left to tell. A command prepared to start in the request's working
+    directory starts there only if that is the caller's own (``caller_dir``, handle_connection)."""
     execution = decision.execution or Execution()
     try:
         prepared = await policy.prepare_escalated_exec(  # the rule that decided may depend on the facts
@@ -306,14 +317,27 @@ async def _escalate(
         log.error("session %s: prepare_escalated_exec failed for %s: %r", context.session_id, program, exc)
         await _send(conn, p.EscalateResponse("Deny", reason=_failure_reason(exc)))
         return None
-    await _send(conn, p.EscalateResponse("Escalate", extensions={p.SIGNALS_EXTENSION_FIELD: True}))
-    async with asyncio.timeout(limits.request_timeout_s):
-        payload, fds = await recv_frame(conn, max_bytes=limits.max_frame_bytes, max_fds=limits.max_fds)
+    cwd_fd = None
+    if caller_dir is not None and prepared.cwd == request.workdir:
+        try:
+            cwd_fd = await caller_dir(p.wire_bytes(prepared.cwd))
+        except (NotTheCallersDirectory, OSError) as exc:
+            why = exc if isinstance(exc, NotTheCallersDirectory) else f"the caller's working directory: {exc}"
+            log.info("session %s: escalation of %s refused: %s", context.session_id, program, why)
+            await _send(conn, p.EscalateResponse("Deny", reason=f"escalation refused: {why}"))
+            return None
     try:
-        stdio = _stdio_map(payload, fds)
-        child = _spawn_or_report(prepared, stdio, placement)
+        await _send(conn, p.EscalateResponse("Escalate", extensions={p.SIGNALS_EXTENSION_FIELD: True}))
+        async with asyncio.timeout(limits.request_timeout_s):
+            payload, fds = await recv_frame(conn, max_bytes=limits.max_frame_bytes, max_fds=limits.max_fds)
+        try:
+            stdio = _stdio_map(payload, fds)
+            child = _spawn_or_report(prepared, stdio, placement, cwd_fd)
+        finally:
+            close_fds(fds)  # the server's copies: the child has its own now
     finally:
-        close_fds(fds)  # the server's copies: the child has its own now
+        if cwd_fd is not None:
+            os.close(cwd_fd)
     if isinstance(child, int):
         await _send(conn, p.SuperExecResult(child))
         return None
@@ -357,17 +381,19 @@ def _stdio_map(payload: bytes, fds: list[int]) -> dict[int, int]:
 
 
 def _spawn_or_report(prepared: PreparedExec, stdio: dict[int, int],
-                     placement: Placement | None = None) -> ChildProcess | int:
+                     placement: Placement | None = None, cwd_fd: int | None = None) -> ChildProcess | int:
     """Spawn; on failure write one line to the caller's stderr and return 127/126 like a shell.
 
     The command, env and cwd are spawned as the exact bytes their strings stand for
     (:func:`protocol.wire_bytes`, non-UTF-8 bytes included), whatever the server's own locale.
+    ``cwd_fd`` (borrowed): the directory to start in instead of ``prepared.cwd`` (the child's
+    chdir goes through ``/proc/self/fd/N``, before its exec closes the fd).
     """
     try:
         return spawn(
             [p.wire_bytes(a) for a in prepared.command],
             env={p.wire_bytes(k): p.wire_bytes(v) for k, v in prepared.env.items()},
-            cwd=p.wire_bytes(prepared.cwd),
+            cwd=p.wire_bytes(prepared.cwd) if cwd_fd is None else f"/proc/self/fd/{cwd_fd}",
             arg0=None if prepared.arg0 is None else p.wire_bytes(prepared.arg0),
             stdio=stdio,
             placement=placement,

@@ -277,6 +277,42 @@ def walk(root: int, path: str, *, fds_of: tuple[int, int] | None = None) -> Walk
             os.close(fd)
 
 
+class NotTheCallersDirectory(Exception):
+    """The working directory a request names is not, in this process's view, the directory the
+    caller is in (the message says which, and why that matters)."""
+
+
+def caller_directory(pid: int, workdir: str | bytes) -> int:
+    """An ``O_PATH`` fd (owned by the caller of this function) on the working directory of
+    process ``pid`` (``/proc/PID/cwd``: the kernel's own directory object, proc(5)), provided
+    ``workdir`` names that very directory (same device and inode) in this process's view —
+    where an escalated command starts. A request's ``workdir`` is the caller's word: through a
+    symlink of its own, or a directory the sandbox replaces (a private ``/tmp``, the masked real
+    HOME), the same path outside is another directory.
+
+    Raises:
+        NotTheCallersDirectory: ``workdir`` is missing here, or another directory.
+        OSError: the caller's working directory cannot be read (it exited, or it is not ours to read).
+    """
+    fd = os.open(f"/proc/{pid}/cwd", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        mine = os.fstat(fd)
+        try:
+            st = os.stat(workdir)
+        except OSError as exc:
+            raise NotTheCallersDirectory(f"the working directory {os.fsdecode(workdir)} does not exist where "
+                                         f"escalated commands start ({exc.strerror})") from None
+        if (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino):
+            raise NotTheCallersDirectory(
+                f"the working directory {os.fsdecode(workdir)}, where escalated commands start, is another directory than the "
+                "one the caller is in (a symlink, or a directory the sandbox replaces: its private /tmp or /run, "
+                "the masked HOME)")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _is_own_fd(rest: list[str]) -> bool:
     """True if the components after ``/proc`` (reversed, as :func:`walk` keeps them) are exactly
     ``self/fd/N`` or ``thread-self/fd/N``."""

@@ -344,9 +344,19 @@ def _plan(args: argparse.Namespace, probes: _Probes | None = None) -> _Plan:
     seccomp: tuple[str | None, str] = probes.get("seccomp")  # type: ignore[assignment]
     if seccomp[0] is not None:
         visible.append(str(Path(seccomp[0]).parent))
+    # The audit log, read-only in the sandbox even inside its working directory (bound over
+    # itself, its directories below the working directory bound onto themselves: no rename
+    # either), so that the session cannot rewrite the record of its own execs. Made now: a
+    # missing file would not be bound.
+    audit = [] if args.sandbox == "none" or not getattr(args, "audit_log", None) else [args.audit_log]
+    try:
+        for path in audit:
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    except OSError as exc:
+        raise RunSetupError(f"--audit-log {audit[0]}: {exc.strerror}") from exc
     try:
         sandbox = choose_sandbox(args.sandbox, workdir=workdir, readable=[sys.prefix, sys.base_prefix, *visible],
-                                 hidden=policy_credentials(args))
+                                 hidden=policy_credentials(args), protected=audit)
     except SandboxError as exc:
         raise RunSetupError(f"--sandbox bwrap: {exc}") from exc
     tls = tls_credentials(args)

@@ -163,9 +163,10 @@ def _credential_dir(path: str, home: str | None) -> bool:
 def visible_inside(path: str, permissions: Permissions) -> bool:
     """True if ``path`` names the same directory inside a :func:`bwrap_argv` sandbox as outside:
     a bound root covers it, or it lies outside the replaced mount points (``/tmp``, ``/dev``,
-    ``/proc``, ``/run``)."""
+    ``/proc``, ``/run``) and the masked directories (the real HOME: an empty tmpfs inside)."""
     roots = (*permissions.writable_roots, *permissions.readable_roots)
-    return any(under(path, r) for r in roots) or not any(under(path, m) for m in _REPLACED)
+    return any(under(path, r) for r in roots) or not any(under(path, m)
+                                                         for m in (*_REPLACED, *permissions.masked_dirs))
 
 
 def in_session_tmp(path: str, permissions: Permissions) -> bool:
@@ -580,6 +581,7 @@ def choose_sandbox(
     readable: Sequence[str] = (),
     bwrap_dirs: Sequence[str] = TRUSTED_BIN_DIRS,
     hidden: Sequence[str] = (),
+    protected: Sequence[str] = (),
 ) -> ShellSandbox:
     """Resolve ``--sandbox auto|bwrap|none`` for a shell working in ``workdir``.
 
@@ -589,7 +591,9 @@ def choose_sandbox(
     ``bwrap_dirs``: where bwrap is looked for (:func:`find_bwrap`). ``hidden``: files covered
     inside (see :class:`ShellSandbox`), carried in the profile's ``hidden_paths``; the profile's
     ``protected_paths`` name execgate's own package (:func:`own_package_dirs`) and the Python
-    installation running it (:func:`running_python`). A private HOME is
+    installation running it (:func:`running_python`), and ``protected``: files of execgate's
+    own that the session must not change though they lie in its writable roots (the audit log);
+    each must exist before the sandbox starts (a missing path is not bound). A private HOME is
     added by :func:`execgate.server.home.with_home`.
 
     Raises:
@@ -612,7 +616,8 @@ def choose_sandbox(
     seen = tuple(dict.fromkeys(os.path.abspath(r) for r in readable if os.path.abspath(r) not in roots))
     covered = tuple(dict.fromkeys(os.path.abspath(h) for h in hidden))
     perms = Permissions(network=False, writable_roots=roots, readable_roots=seen, hidden_paths=covered,
-                        protected_paths=(*own_package_dirs(), *running_python()))
+                        protected_paths=tuple(dict.fromkeys((*own_package_dirs(), *running_python(),
+                                                             *map(os.path.abspath, protected)))))
     chosen = "bwrap" if mode == "bwrap" else "bwrap (auto: bubblewrap works here)"
     note = f"sandbox: {chosen}; read-only root, writable {', '.join(roots)} and a private /tmp, no network"
     return ShellSandbox("bwrap", perms, note, bwrap=find_bwrap(bwrap_dirs), hidden=covered)

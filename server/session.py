@@ -53,9 +53,9 @@ from typing import Callable, Mapping, Union
 from execgate.server import protocol as p
 from execgate.server.backstop import Backstop
 from execgate.server.escalation import Limits, handle_connection
-from execgate.server.exec_facts import Coverage, learn
+from execgate.server.exec_facts import GATHER_TIMEOUT_S, Coverage, learn
 from execgate.server.fdpass import close_fds, encode_frame, recv_datagram_nowait, wait_readable
-from execgate.server.identity import peer_cred
+from execgate.server.identity import NotTheCallersDirectory, caller_directory, peer_cred
 from execgate.server.policy import ExecFacts, Permissions, Policy, SessionContext
 from execgate.server.containment import NONE, Containment, Placement, Scope
 from execgate.server.session_start import StartPolicy
@@ -354,6 +354,11 @@ class Session:
         async def learn_facts(program: str, fd: int | None, path: str) -> ExecFacts:
             return await learn(pid, program, coverage, uid=uid, fd=fd, path=path)
 
+        async def caller_dir(workdir: bytes) -> int:
+            if pid is None:
+                raise NotTheCallersDirectory("the caller's process is unknown")
+            return await _in_thread(caller_directory, pid, workdir)
+
         def release() -> None:
             nonlocal held
             if held:
@@ -367,7 +372,7 @@ class Session:
         try:
             await handle_connection(conn, policy=self.policy, context=self.context, limits=self.limits,
                                     on_spawn=on_spawn, on_run=on_run, learn=learn_facts, on_note=self._note,
-                                    placement=self.scope.placement)
+                                    placement=self.scope.placement, caller_dir=caller_dir)
         finally:
             release()
 
@@ -449,3 +454,27 @@ def _stream_socket(fd: int) -> socket.socket | None:
         return None
     sock.setblocking(False)
     return sock
+
+
+async def _in_thread(opener: Callable[..., int], *args: object, timeout_s: float = GATHER_TIMEOUT_S) -> int:
+    """``opener(*args)`` — filesystem calls that return an fd — in a worker thread, bounded by
+    ``timeout_s`` seconds (a path on a stalled mount must not hold the session). The fd is the
+    caller's; one opened after a timeout or cancellation is closed when the thread finishes.
+
+    Raises:
+        NotTheCallersDirectory: past ``timeout_s``; else whatever ``opener`` raises.
+    """
+    done = asyncio.ensure_future(asyncio.to_thread(opener, *args))
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await asyncio.shield(done)
+    except BaseException as exc:
+        done.add_done_callback(_close_result)
+        if isinstance(exc, TimeoutError):
+            raise NotTheCallersDirectory(f"checking the working directory took over {timeout_s:g} s") from None
+        raise
+
+
+def _close_result(done: asyncio.Future[int]) -> None:
+    if not done.cancelled() and done.exception() is None:
+        os.close(done.result())

@@ -100,10 +100,14 @@ def _ints(fds: Sequence[int]) -> bytes:
 
 
 async def ask(
-    sock: socket.socket, file: str, argv: Sequence[str], workdir: str = "/", env: Mapping[str, str] | None = None
+    sock: socket.socket, file: str, argv: Sequence[str], workdir: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> p.EscalateResponse:
-    """Send a request on ``sock`` and return the decoded response."""
-    request = p.EscalateRequest(file=file, argv=list(argv), workdir=workdir, env=dict(env or {}))
+    """Send a request on ``sock`` and return the decoded response. ``workdir`` None: this
+    process's working directory, as a wrapper sends it (the server starts an escalated command
+    only in the caller's own directory)."""
+    request = p.EscalateRequest(file=file, argv=list(argv), workdir=os.getcwd() if workdir is None else workdir,
+                                env=dict(env or {}))
     await send_frame(sock, request.to_json())
     payload, _ = await recv_frame(sock, max_fds=0)
     return p.EscalateResponse.from_obj(p.decode_json(payload))

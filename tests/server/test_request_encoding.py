@@ -53,9 +53,10 @@ async def test_surrogates_that_stand_for_no_byte_are_refused(short_tmp):
     assert policy.programs == ["/bin/true"]
 
 
-async def test_non_utf8_bytes_reach_policy_and_escalated_command_exactly(short_tmp):
+async def test_non_utf8_bytes_reach_policy_and_escalated_command_exactly(short_tmp, monkeypatch):
     workdir = os.fsencode(short_tmp) + b"/w\xff"
     os.mkdir(workdir)
+    monkeypatch.chdir(workdir)  # the caller (this process) is where its request says
     program = workdir + b"/p\xe9"
     out = os.fsencode(short_tmp) + b"/out"
     with open(program, "wb") as f:
