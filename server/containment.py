@@ -43,7 +43,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -365,10 +365,19 @@ def _rmdir_quietly(path: str) -> None:
 # ------------------------------------------------------------------ subreaper
 
 
-def process_table() -> dict[int, tuple[int, str]]:
-    """pid → (parent pid, state letter) of every process, from ``/proc/PID/stat`` (proc(5): the
-    fields after the parenthesised command name are state, ppid, …)."""
-    table: dict[int, tuple[int, str]] = {}
+class Proc(NamedTuple):
+    """One line of :func:`process_table`: proc(5) ``/proc/PID/stat`` fields 4, 3, 5 and 6."""
+
+    ppid: int
+    state: str
+    pgrp: int
+    session: int
+
+
+def process_table() -> dict[int, Proc]:
+    """pid → :class:`Proc` of every process, from ``/proc/PID/stat`` (proc(5): the fields after
+    the parenthesised command name are state, ppid, pgrp, session, …)."""
+    table: dict[int, Proc] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -378,16 +387,17 @@ def process_table() -> dict[int, tuple[int, str]]:
         except OSError:  # gone meanwhile
             continue
         fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) >= 2:
-            table[int(name)] = (int(fields[1]), fields[0].decode("ascii", "replace"))
+        if len(fields) >= 4:
+            table[int(name)] = Proc(int(fields[1]), fields[0].decode("ascii", "replace"), int(fields[2]),
+                                    int(fields[3]))
     return table
 
 
-def descendants(table: dict[int, tuple[int, str]], roots: Iterable[int]) -> list[int]:
+def descendants(table: dict[int, Proc], roots: Iterable[int]) -> list[int]:
     """``roots`` and every process below them in ``table`` (:func:`process_table`)."""
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
+    for pid, proc in table.items():
+        children.setdefault(proc.ppid, []).append(pid)
     found, todo = [], list(roots)
     while todo:
         pid = todo.pop()
@@ -401,31 +411,44 @@ async def sweep_orphans(exclude: set[int], timeout_s: float = KILL_WAIT_S) -> li
     none is left (or ``timeout_s`` seconds passed); reap them. Returns the pids killed.
 
     A killed process's own children are reparented to us (we are the subreaper), so each round
-    finds what the previous one orphaned.
+    finds what the previous one orphaned. A pid read from ``/proc`` may be gone by the time its
+    kill comes: a process that forks and exits at once (its child doing the same) is never the
+    one read. So each victim's process group is killed too, with one ``kill(-pgrp)`` (kill(2)):
+    the kernel signals every member at once, and a fork racing with it either is signalled too
+    or fails — when the group lies in a session other than this process's own and those of the
+    ``exclude`` processes (one the session's shell or a process of it made with setsid(2): all
+    its members descend from ours; a group of our own session may hold the user's other jobs). A process that makes a new session in every
+    generation still races the sweep: only the cgroup containment is certain (README, Limits).
     """
     import asyncio
 
-    me, killed = os.getpid(), set()
+    me, own_session, killed = os.getpid(), os.getsid(0), set()
     deadline = time.monotonic() + timeout_s
     while True:
         table = process_table()
-        roots = [pid for pid, (ppid, _) in table.items() if ppid == me and pid not in exclude]
+        roots = [pid for pid, proc in table.items() if proc.ppid == me and pid not in exclude]
         victims = descendants(table, roots)
         if not victims:
             return sorted(killed)
+        spared = {own_session, *(table[pid].session for pid in exclude if pid in table)}
+        groups = {table[pid].pgrp for pid in victims if pid in table and table[pid].session not in spared}
+        for pgrp in groups - {0, 1, os.getpgrp()}:
+            _kill(-pgrp)
         for pid in victims:
-            if table.get(pid, (0, ""))[1] != "Z":
+            if table.get(pid, Proc(0, "", 0, 0)).state != "Z":
                 _kill(pid)
                 killed.add(pid)
         for pid in roots:
             _reap(pid)
         if time.monotonic() > deadline:
-            log.warning("processes left behind by the session still run: %s", victims)
+            log.warning("processes left behind by the session still run (%d, e.g. pids %s)", len(victims),
+                        ", ".join(map(str, victims[:10])))
             return sorted(killed)
         await asyncio.sleep(0.01)
 
 
 def _kill(pid: int) -> None:
+    """SIGKILL process ``pid`` (a negative one: that process group)."""
     try:
         os.kill(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

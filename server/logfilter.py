@@ -45,7 +45,10 @@ class RepeatLimit(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args if isinstance(record.args, tuple) else ()
-        kind = (record.name, record.msg, args[0] if args else None)
+        first = args[0] if args else None
+        if not isinstance(first, (str, int, float, bytes, type(None))):
+            first = repr(first)  # a list argument (unhashable) must not crash the logging call
+        kind = (record.name, record.msg, first)
         now = self._clock()
         state = self._kinds.get(kind)
         if state is None or now - state[0] >= self.window_s:

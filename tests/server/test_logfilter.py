@@ -24,6 +24,15 @@ def test_a_burst_per_kind_then_drops_reported_after_the_window():
     assert record.getMessage() == "session s1: protocol error: 10 (7 more like this dropped in the last 60 s)"
 
 
+def test_an_unhashable_first_argument_is_counted_not_raised():
+    """A list as the first argument (the containment sweep's pids, before 2026-12-02) raised
+    TypeError inside the logging call, which crashed execgate run at the end of a session."""
+    limit = RepeatLimit(burst=1, window_s=60, clock=lambda: 0.0)
+    assert limit.filter(_record("still run: %s", [1, 2]))
+    assert not limit.filter(_record("still run: %s", [1, 2]))
+    assert limit.filter(_record("still run: %s", {"a": 1}))  # another value: another kind
+
+
 def test_visible_formatter_escapes_the_message_only():
     from execgate.server.logfilter import VisibleFormatter
 
