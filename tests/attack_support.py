@@ -253,3 +253,12 @@ def gated_run(attacker: Attacker, rules: str, script: str, *extra: str,
                              "--audit-log", str(audit), "--cwd", str(work), *extra, "--", script, cwd=work)
     records = [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
     return done, records
+
+
+def sandboxed_run(attacker: Attacker, rules: str, script: str) -> subprocess.CompletedProcess[str]:
+    """``execgate run --sandbox bwrap`` of ``script`` as ``attacker``, in its working directory,
+    with ``rules`` written there (added to the default rules)."""
+    work = attacker.workdir()
+    (work / "rules.toml").write_text(rules)
+    return attacker.execgate("run", "--sandbox", "bwrap", "--rules", str(work / "rules.toml"), "--cwd", str(work),
+                             "--", script, cwd=work)

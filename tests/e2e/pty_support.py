@@ -124,3 +124,44 @@ class PtyUser:
                 os.close(fd)
             except OSError:
                 pass
+
+
+#: Rules that ask at the terminal before ``find`` runs, unsandboxed (what a session's fake
+#: question imitates in the attack tests).
+PROMPT_FIND_RULES = """
+[[rule]]
+id = "ask-find"
+program = "find"
+decision = "prompt"
+execution = "unsandboxed"
+justification = "x"
+"""
+
+#: The line an approval question ends with (policy_service/terminal_approver.py).
+QUESTION = "[y] once  [s] for session  [n] deny > "
+
+
+def deny_at_the_prompt(attacker, rules: str, script: str, *, reason: str, questions: int = 1, rows: int = 30,
+                       cols: int = 100) -> bytes:
+    """``execgate run --sandbox bwrap`` of ``script`` as ``attacker`` (tests/attack_support.py) at
+    a terminal of ``rows`` × ``cols``, with ``rules`` (text) as its rules, where ``script`` ends by
+    echoing ``find=$?``: the ``questions``-th question line on the wire (the ones before it are
+    the session's fakes) is answered ``n`` with ``reason``. Asserts that the run exits 0; returns
+    everything the terminal received."""
+    work = attacker.workdir()
+    (work / "rules.toml").write_text(rules)
+    user = PtyUser(owner=(attacker.uid, attacker.gid), rows=rows, cols=cols)
+    user.start([sys.executable, "-m", "execgate.server.cli", "run", "--sandbox", "bwrap", "--rules",
+                str(work / "rules.toml"), "--approval-timeout", "60", "--cwd", str(work), "--", script],
+               cwd=str(work), env=attacker.env(), wrap=attacker.command)
+    try:
+        user.expect(r"(?s:.*)".join([re.escape(QUESTION)] * questions), timeout=90)
+        user.type("n\r")
+        user.expect(r"reason \(optional\) > ", timeout=30)
+        user.type(reason + "\r")
+        user.expect(r"find=\d", timeout=60)
+        status = user.wait()
+    finally:
+        user.close()
+    assert status == 0, user.text()
+    return user.output

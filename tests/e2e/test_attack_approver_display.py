@@ -18,21 +18,14 @@ import sys
 import pytest
 
 from attack_support import Attacker
-from pty_support import PtyUser
+from pty_support import PROMPT_FIND_RULES, PtyUser
 
 pytestmark = pytest.mark.e2e
 
 QUESTION = "[y] once  [s] for session  [n] deny > "
 HEADER = "execgate: a command needs your approval"
 
-RULES = """
-[[rule]]
-id = "ask-find"
-program = "find"
-decision = "prompt"
-execution = "unsandboxed"
-justification = "x"
-"""
+RULES = PROMPT_FIND_RULES
 
 SCRIPT = (
     """D=$(printf "\\033[1A\\r\\033[2K   argv:    find . -name '*.log' -mtime +7\\n\\r\\033[2K   cwd:     /tmp/w4"); """

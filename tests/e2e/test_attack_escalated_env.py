@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from attack_support import Attacker
+from attack_support import Attacker, sandboxed_run
 
 pytestmark = pytest.mark.e2e
 
@@ -42,11 +42,7 @@ justification = "stands for any escalated program that runs a helper by name"
 
 
 def _run(attacker: Attacker, script: str) -> subprocess.CompletedProcess[str]:
-    work = attacker.workdir()
-    rules = work / "rules.toml"
-    rules.write_text(RULES)
-    return attacker.execgate("run", "--sandbox", "bwrap", "--rules", str(rules), "--cwd", str(work), "--",
-                             script, cwd=work)
+    return sandboxed_run(attacker, RULES, script)
 
 
 def test_git_dir_does_not_reach_an_escalated_git(attacker: Attacker) -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from attack_support import Attacker
+from attack_support import Attacker, sandboxed_run
 
 pytestmark = pytest.mark.e2e
 
@@ -49,11 +49,7 @@ FORGE = ("import os, sys; fake = sys.argv[1].encode(); os.getcwdb = lambda: fake
 
 
 def _run(attacker: Attacker, script: str) -> subprocess.CompletedProcess[str]:
-    work = attacker.workdir()
-    rules = work / "rules.toml"
-    rules.write_text(RULES)
-    return attacker.execgate("run", "--sandbox", "bwrap", "--rules", str(rules), "--cwd", str(work), "--",
-                             script, cwd=work)
+    return sandboxed_run(attacker, RULES, script)
 
 
 @pytest.fixture

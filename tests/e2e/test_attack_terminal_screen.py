@@ -19,29 +19,19 @@ question, once drawn, must have a screen row that is exactly its argv line. Both
 
 from __future__ import annotations
 
-import re
-import sys
 
 import pyte
 import pytest
 
 from attack_support import Attacker
-from pty_support import PtyUser
+from pty_support import PROMPT_FIND_RULES, QUESTION, deny_at_the_prompt
 
 pytestmark = pytest.mark.e2e
 
 ROWS, COLS = 30, 100
-QUESTION = "[y] once  [s] for session  [n] deny > "
 REAL_ARGV = "   argv:    find . -maxdepth 0 -exec ./pwned ';'"
 
-RULES = """
-[[rule]]
-id = "ask-find"
-program = "find"
-decision = "prompt"
-execution = "unsandboxed"
-justification = "x"
-"""
+RULES = PROMPT_FIND_RULES
 
 # printf's format, inside the script's single quotes: \047 is the quote.
 _FAKE_ROW = r"   argv:    find . -maxdepth 0 -exec ./pwned \047;\047 -o -name x -print  (dry run)\n"
@@ -66,25 +56,9 @@ def _screen(data: bytes) -> list[str]:
 def test_session_cannot_arrange_the_screen_to_misshow_the_question(attacker: Attacker, how: str) -> None:
     work = attacker.workdir()
     attacker.marker_program(work, "pwned")
-    rules = work / "rules.toml"
-    rules.write_text(RULES)
     script = f"printf '{ARRANGE[how]}'; find . -maxdepth 0 -exec ./pwned ';'; printf '\\033[r'; echo \"find=$?\""
-    user = PtyUser(owner=(attacker.uid, attacker.gid), rows=ROWS, cols=COLS)
-    user.start([sys.executable, "-m", "execgate.server.cli", "run", "--sandbox", "bwrap", "--rules", str(rules),
-                "--approval-timeout", "60", "--cwd", str(work), "--", script],
-               cwd=str(work), env=attacker.env(), wrap=attacker.command)
-    try:
-        user.expect(re.escape(QUESTION), timeout=90)
-        user.type("n\r")
-        user.expect(r"reason \(optional\) > ", timeout=30)
-        user.type("arranged screen\r")
-        user.expect(r"find=\d", timeout=60)
-        status = user.wait()
-    finally:
-        user.close()
-    assert status == 0, user.text()
-    assert not attacker.marker_ran("pwned"), user.text()
-    raw = user.output
+    raw = deny_at_the_prompt(attacker, RULES, script, reason="arranged screen", rows=ROWS, cols=COLS)
+    assert not attacker.marker_ran("pwned"), raw.decode(errors="replace")
     rows = _screen(raw[:raw.index(QUESTION.encode()) + len(QUESTION)])
     assert REAL_ARGV in rows, (f"after the session's {how} arrangement no row of the screen is the question's "
                                f"argv line; the person sees:\n" + "\n".join(rows))

@@ -21,27 +21,17 @@ terminal renders the stream, must show the real argv.
 
 from __future__ import annotations
 
-import re
-import sys
 
 import pytest
 
 from attack_support import Attacker
-from pty_support import PtyUser
+from pty_support import PROMPT_FIND_RULES, QUESTION, deny_at_the_prompt
 
 pytestmark = pytest.mark.e2e
 
-QUESTION = "[y] once  [s] for session  [n] deny > "
 REAL_ARGV = "argv:    find . -maxdepth 0 -exec ./pwned ';'"
 
-RULES = """
-[[rule]]
-id = "ask-find"
-program = "find"
-decision = "prompt"
-execution = "unsandboxed"
-justification = "x"
-"""
+RULES = PROMPT_FIND_RULES
 
 HIDE = {"osc": r"\033]0;", "conceal": r"\033[8m", "charset": r"\033(0"}
 
@@ -116,27 +106,11 @@ def _render(data: bytes) -> str:
 def test_session_output_cannot_hide_the_question_that_follows_it(attacker: Attacker, how: str) -> None:
     work = attacker.workdir()
     attacker.marker_program(work, "pwned")
-    rules = work / "rules.toml"
-    rules.write_text(RULES)
     script = (f"printf '{FAKE}{HIDE[how]}'; find . -maxdepth 0 -exec ./pwned ';'; "
               "printf '\\a\\033\\\\\\033[0m\\033(B'; echo \"find=$?\"")
-    user = PtyUser(owner=(attacker.uid, attacker.gid))
-    user.start([sys.executable, "-m", "execgate.server.cli", "run", "--sandbox", "bwrap", "--rules", str(rules),
-                "--approval-timeout", "60", "--cwd", str(work), "--", script],
-               cwd=str(work), env=attacker.env(), wrap=attacker.command)
-    try:
-        # The real question: the second prompt line on the wire (the first is the session's fake).
-        user.expect(re.escape(QUESTION) + r"(?s:.*)" + re.escape(QUESTION), timeout=90)
-        user.type("n\r")
-        user.expect(r"reason \(optional\) > ", timeout=30)
-        user.type("hidden question\r")
-        user.expect(r"find=\d", timeout=60)
-        status = user.wait()
-    finally:
-        user.close()
-    assert status == 0, user.text()
-    assert not attacker.marker_ran("pwned"), user.text()
-    raw = user.output
+    # The real question: the second question line on the wire (the first is the session's fake).
+    raw = deny_at_the_prompt(attacker, RULES, script, reason="hidden question", questions=2)
+    assert not attacker.marker_ran("pwned"), raw.decode(errors="replace")
     real_start = raw.index(b"   argv:    find . -maxdepth 0")
     shown = _render(raw[:raw.index(QUESTION.encode(), real_start) + len(QUESTION)])
     assert REAL_ARGV in shown, (
