@@ -112,8 +112,9 @@ async def handle_connection(
             which rule sandboxed it and how (:func:`failure_note`).
         placement: the session's containment, for escalated commands (:mod:`.containment`).
         caller_dir: given the directory an escalated command is to start in (the request's
-            ``workdir``, as the bytes it stands for), an fd (owned by the caller of ``caller_dir``) on the caller's own working
-            directory, if that path names it where the command starts
+            ``workdir``, as the bytes it stands for), an fd (owned by the caller of
+            ``caller_dir``) on the caller's own working directory, if that path names it where
+            the command starts
             (:func:`execgate.server.identity.caller_directory`); raises
             :class:`~execgate.server.identity.NotTheCallersDirectory` or OSError if not: the
             escalation is then refused, saying why. The command starts in that very directory (by

@@ -304,9 +304,9 @@ def caller_directory(pid: int, workdir: str | bytes) -> int:
                                          f"escalated commands start ({exc.strerror})") from None
         if (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino):
             raise NotTheCallersDirectory(
-                f"the working directory {os.fsdecode(workdir)}, where escalated commands start, is another directory than the "
-                "one the caller is in (a symlink, or a directory the sandbox replaces: its private /tmp or /run, "
-                "the masked HOME)")
+                f"the working directory {os.fsdecode(workdir)}, where escalated commands start, is another "
+                "directory than the one the caller is in (a symlink, or a directory the sandbox replaces: its "
+                "private /tmp or /run, the masked HOME)")
     except BaseException:
         os.close(fd)
         raise
