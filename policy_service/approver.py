@@ -109,31 +109,51 @@ def grant_note(pending: apb.PendingApproval) -> str | None:
     return session_grant_refusal(facts)
 
 
+#: Most characters of one field a question shows (argv, cwd, env, …); the rest is counted, not
+#: shown. A field of its own length is the session's choice: unbounded, a long argv (spaces,
+#: then text drawn like a question of its own) scrolled the real header and program off the
+#: screen and left a fake question above the prompt (tests/e2e/test_attack_terminal_scrolloff.py).
+MAX_SHOWN = 400
+
+
+def shown(text: str, limit: int = MAX_SHOWN) -> str:
+    """``text`` (already :func:`visible`) cut to ``limit`` characters, saying how many were left out."""
+    return text if len(text) <= limit else f"{text[:limit]}… [{len(text) - limit:,} more characters not shown]"
+
+
 def describe(pending: apb.PendingApproval) -> str:
     """The request as shown to the approver (several lines, no trailing newline).
 
     Every field is passed through :func:`visible`, so the text holds no control character at all
     (not even a newline inside a field): a request cannot draw over its own description. If any
-    field held one, :data:`CONTROLS_FLAG` follows the header line. If no session grant can cover
-    the file (:func:`grant_note`), a ``note:`` line says that [s] approves once only.
+    field held one, :data:`CONTROLS_FLAG` follows the header line. Each field shows at most
+    :data:`MAX_SHOWN` characters, saying how many more it has, and the last line (``runs:``,
+    right above the prompt) names the program again with the size of its argv: whatever the
+    fields drew, the lines next to the prompt are the request's own. If no session grant can
+    cover the file (:func:`grant_note`), a ``note:`` line says that [s] approves once only.
     """
     labels = ", ".join(f"{visible(k)}={visible(v)}" for k, v in sorted(pending.session.labels.items())) or "-"
     env = " ".join(visible(shlex.quote(f"{k}={v}")) for k, v in sorted(pending.env.items())) or "(empty)"
+    program = shown(visible(pending.target.program))
+    argv = visible(shlex.join(pending.target.argv))
     lines = [f"── approval {visible(pending.request_id[:12])} ({pending.seconds_left:.0f} s left)"]
     if has_hidden(*raw_fields(pending)):
         lines.append(CONTROLS_FLAG)
     lines += [
-        f"   program: {visible(pending.target.program)}",
-        f"   argv:    {visible(shlex.join(pending.target.argv))}",
-        f"   cwd:     {visible(pending.target.workdir)}",
-        f"   session: {visible(pending.session.session_id)}  labels: {labels}",
-        f"   rule:    {visible(pending.rule_id) or '(default)'} — {visible(pending.reason) or 'no justification'}",
-        "   env:     " + env,
-        f"   file:    {file_text(pending)}",
+        f"   program: {program}",
+        f"   argv:    {shown(argv)}",
+        f"   cwd:     {shown(visible(pending.target.workdir))}",
+        f"   session: {shown(visible(pending.session.session_id))}  labels: {shown(labels)}",
+        f"   rule:    {shown(visible(pending.rule_id)) or '(default)'} — "
+        f"{shown(visible(pending.reason)) or 'no justification'}",
+        "   env:     " + shown(env),
+        f"   file:    {shown(file_text(pending))}",
     ]
     note = grant_note(pending)
     if note is not None:
         lines.append(f"   note:    no session grant possible ({note}): [s] approves this request once")
+    count = len(pending.target.argv)
+    lines.append(f"   runs:    {program} ({count} argument{'s' if count != 1 else ''}, {len(argv):,} characters)")
     return "\n".join(lines)
 
 

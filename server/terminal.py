@@ -57,17 +57,19 @@ MAX_INPUT_PENDING = 64 * 1024
 #: Written before anything asked while the session is held (:meth:`PtyRelay.held`): the terminal
 #: state the session's earlier output may have left open, reset, so that the question shows as
 #: written (ECMA-48, the VT100/VT220 and xterm control sequences): ``ESC \\`` (ST) ends an OSC, DCS,
-#: APC, PM or SOS string — an unterminated window title swallows all text up to its terminator —
-#: and CAN aborts an escape or control sequence in progress; the cursor saved (DECSC), the scrolling
+#: APC, PM or SOS string — an unterminated window title swallows all text up to its terminator — and
+#: CAN aborts an escape or control sequence in progress; the cursor saved (DECSC), the scrolling
 #: region reset to the whole screen (DECSTBM, which homes the cursor), the cursor restored (DECRC);
-#: then SGR 0 (no concealed text, no foreground drawn in the background colour), G0 and G1 ASCII and
-#: G0 shifted in (no line-drawing glyphs for letters), insert mode off, autowrap on (a long argv is
-#: not cut at the screen's edge), the cursor shown; last, everything from the cursor to the end
-#: of the screen erased (ED 0), so that no text the session drew there shows through after the
-#: question's shorter lines. The question itself starts on a new line below. Terminal features
-#: beyond these (window resizing, fonts) are the terminal's to refuse.
-SANE_TERMINAL = ("\x1b\\\x18" "\x1b7\x1b[r\x1b8" "\x1b[0m\x1b(B\x1b)B\x0f" "\x1b[4l\x1b[?7h\x1b[?25h"
-                 "\x1b[J")
+#: the terminal's colours reset to its own (xterm OSC 104 palette, 110/111/112 default foreground,
+#: background, cursor: SGR 0 returns to the *defaults*, which the session may have set to black on
+#: black); then SGR 0 (no concealed text, no foreground drawn in the background colour), G0 and G1
+#: ASCII and G0 shifted in (no line-drawing glyphs for letters), insert mode and reverse video off,
+#: autowrap on (a long argv is not cut at the screen's edge), the cursor shown; last, everything
+#: from the cursor to the end of the screen erased (ED 0), so that no text the session drew there
+#: shows through after the question's shorter lines. The question itself starts on a new line below.
+#: Terminal features beyond these (window resizing, fonts) are the terminal's to refuse.
+SANE_TERMINAL = ("\x1b\\\x18" "\x1b7\x1b[r\x1b8" "\x1b]104\x1b\\\x1b]110\x1b\\\x1b]111\x1b\\\x1b]112\x1b\\"
+                 "\x1b[0m\x1b(B\x1b)B\x0f" "\x1b[4l\x1b[?5l\x1b[?7h\x1b[?25h" "\x1b[J")
 #: Longest answer line :meth:`PtyRelay.read_line` keeps (longer input is not echoed or kept).
 MAX_LINE = 1024
 _ERASE = (0x08, 0x7F)  # ^H, DEL

@@ -165,3 +165,13 @@ def deny_at_the_prompt(attacker, rules: str, script: str, *, reason: str, questi
         user.close()
     assert status == 0, user.text()
     return user.output
+
+
+def screen_rows(data: bytes, rows: int = 30, cols: int = 100) -> list[str]:
+    """The rows (right-stripped) a VT100/VT220 terminal of ``rows`` × ``cols`` shows after
+    ``data``, rendered by pyte."""
+    import pyte
+
+    screen = pyte.Screen(cols, rows)
+    pyte.ByteStream(screen).feed(data)
+    return [row.rstrip() for row in screen.display]

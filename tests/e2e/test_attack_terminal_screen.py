@@ -20,11 +20,10 @@ question, once drawn, must have a screen row that is exactly its argv line. Both
 from __future__ import annotations
 
 
-import pyte
 import pytest
 
 from attack_support import Attacker
-from pty_support import PROMPT_FIND_RULES, QUESTION, deny_at_the_prompt
+from pty_support import PROMPT_FIND_RULES, QUESTION, deny_at_the_prompt, screen_rows
 
 pytestmark = pytest.mark.e2e
 
@@ -46,12 +45,6 @@ ARRANGE = {
 }
 
 
-def _screen(data: bytes) -> list[str]:
-    screen = pyte.Screen(COLS, ROWS)
-    pyte.ByteStream(screen).feed(data)
-    return [row.rstrip() for row in screen.display]
-
-
 @pytest.mark.parametrize("how", sorted(ARRANGE))
 def test_session_cannot_arrange_the_screen_to_misshow_the_question(attacker: Attacker, how: str) -> None:
     work = attacker.workdir()
@@ -59,7 +52,7 @@ def test_session_cannot_arrange_the_screen_to_misshow_the_question(attacker: Att
     script = f"printf '{ARRANGE[how]}'; find . -maxdepth 0 -exec ./pwned ';'; printf '\\033[r'; echo \"find=$?\""
     raw = deny_at_the_prompt(attacker, RULES, script, reason="arranged screen", rows=ROWS, cols=COLS)
     assert not attacker.marker_ran("pwned"), raw.decode(errors="replace")
-    rows = _screen(raw[:raw.index(QUESTION.encode()) + len(QUESTION)])
+    rows = screen_rows(raw[:raw.index(QUESTION.encode()) + len(QUESTION)], ROWS, COLS)
     assert REAL_ARGV in rows, (f"after the session's {how} arrangement no row of the screen is the question's "
                                f"argv line; the person sees:\n" + "\n".join(rows))
     assert rows.index(REAL_ARGV) < max(i for i, row in enumerate(rows) if QUESTION.strip() in row), rows

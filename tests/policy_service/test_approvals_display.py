@@ -11,6 +11,7 @@ control character, show each one escaped, and flag the request on a line of its 
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
@@ -65,7 +66,8 @@ def test_describe_shows_every_control_character_escaped_and_flags_the_request() 
     assert FLAG in lines[1]
     # One line per field: the spoofed directory cannot add lines or draw over earlier ones.
     assert [line[:12] for line in lines[2:]] == ["   program: ", "   argv:    ", "   cwd:     ", "   session: ",
-                                                 "   rule:    ", "   env:     ", "   file:    ", "   note:    "]
+                                                 "   rule:    ", "   env:     ", "   file:    ", "   note:    ",
+                                                 "   runs:    "]
     assert lines[3] == "   argv:    find . -maxdepth 0 -exec ./pwned ';'"
     assert lines[4] == ("   cwd:     /tmp/atk/\\x1b[1A\\x0d\\x1b[2K   argv:    find . -name '*.log' -mtime +7"
                         "\\x0a\\x0d\\x1b[2K   cwd:     /tmp/w4")
@@ -73,6 +75,25 @@ def test_describe_shows_every_control_character_escaped_and_flags_the_request() 
                     "\\u200b", "\\xa0", "\\ufeff", "\\x1b]0;title\\x07", "s\\x1b[31m", "a\\x1bb=v\\u202ex",
                     "X\\x1b=\\x1b[8m", "real file /tmp/atk/\\u202epwned"):
         assert escaped in shown, (escaped, shown)
+
+
+def test_a_long_field_is_cut_and_the_program_is_named_again_next_to_the_prompt() -> None:
+    """A field as long as the session likes (spaces to the screen's edge, then lines drawn like a
+    question) would scroll the real header and program away: each field shows at most
+    MAX_SHOWN characters and says how many more it has; the last line names the program again."""
+    from execgate.policy_service.approver import MAX_SHOWN
+
+    facts = ExecFacts(identity=system_identity("/usr/bin/find"))
+    fake = " " * 3200 + "execgate: a command needs your approval" + " " * 61 + "   program: /usr/bin/true"
+    target = codec.target_to_pb("/usr/bin/find", ["find", ".", "-exec", "./pwned", ";", "-o", "-name", fake], "/w",
+                                facts)
+    pending = apb.PendingApproval(request_id="r", target=target, rule_id="r", reason="x",
+                                  session=pb.SessionContext(session_id="s"))
+    lines = describe(pending).split("\n")
+    argv = next(line for line in lines if line.startswith("   argv:    "))
+    assert len(argv) < len("   argv:    ") + MAX_SHOWN + 60, len(argv)
+    assert argv.endswith("more characters not shown]") and "/usr/bin/true" not in argv, argv[-80:]
+    assert lines[-1] == f"   runs:    /usr/bin/find (8 arguments, {len(shlex.join(target.argv)):,} characters)"
 
 
 @pytest.mark.parametrize("field", ["program", "argv", "workdir", "env", "label", "reason", "rule_id"])
