@@ -599,8 +599,10 @@ def _argv_digest(argv: Sequence[bytes]) -> bytes:
 
 
 def _ids(proc: str) -> tuple[int, int, int]:
-    """``(Tgid, PPid, effective uid)`` of ``proc`` (/proc/PID/status, proc(5): ``Uid:`` is real,
-    effective, saved, filesystem; the effective one is what ``SO_PEERCRED`` reports)."""
+    """``(Tgid, PPid, uid)`` of ``proc`` (/proc/PID/status, proc(5): ``Uid:`` is real,
+    effective, saved, filesystem): the effective uid (what ``SO_PEERCRED`` reports), or 0 when
+    any of the four is 0 — root that set only its effective uid to another takes root back at
+    will, and is judged as root (red team D of 2026-12-02, test_attack_peer_euid.py)."""
     tgid = ppid = None
     with open(f"{proc}/status", "rb") as f:
         for line in f:
@@ -609,7 +611,8 @@ def _ids(proc: str) -> tuple[int, int, int]:
             elif line.startswith(b"PPid:"):
                 ppid = int(line.split()[1])
             elif line.startswith(b"Uid:") and tgid is not None and ppid is not None:
-                return tgid, ppid, int(line.split()[2])
+                uids = [int(v) for v in line.split()[1:]]
+                return tgid, ppid, 0 if 0 in uids else uids[1]
     raise OSError(errno.ESRCH, "no Tgid, PPid or Uid")
 
 

@@ -24,10 +24,36 @@ from execgate.server import protocol as p
 from execgate.server.fdpass import PeerClosedError, close_fds, recv_frame, send_frame
 from execgate.server.policy import Decision, ExecFacts, Execution, Policy, PolicyError, PreparedExec, SessionContext
 from execgate.server.containment import Placement
-from execgate.server.identity import NotTheCallersDirectory
+from execgate.server.identity import NotTheApprovedFile, NotTheCallersDirectory, reopen_identified
 from execgate.server.spawn import DEFAULT_KILL_GRACE_S, ChildProcess, spawn
 
 log = logging.getLogger(__name__)
+
+#: Seconds an escalation waits for the file system (its working directory, its program re-opened).
+OPEN_TIMEOUT_S = 2.0
+
+
+async def open_in_thread(opener: Callable[..., int], *args: object, timeout_s: float = OPEN_TIMEOUT_S) -> int:
+    """``opener(*args)`` — file system calls that return an fd, on a path the session chose — in
+    a worker thread, bounded by ``timeout_s`` seconds (a path on a stalled mount must not hold the
+    event loop). The fd is the caller's; one opened after a timeout or cancellation is closed when
+    the thread finishes.
+
+    Raises:
+        TimeoutError: past ``timeout_s``; else whatever ``opener`` raises.
+    """
+    done = asyncio.ensure_future(asyncio.to_thread(opener, *args))
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await asyncio.shield(done)
+    except BaseException:
+        done.add_done_callback(_close_result)
+        raise
+
+
+def _close_result(done: asyncio.Future[int]) -> None:
+    if not done.cancelled() and done.exception() is None:
+        os.close(done.result())
 
 #: Signal numbers the server accepts in ``{"signal": N}`` frames.
 FORWARDABLE_SIGNALS = frozenset(int(getattr(signal, name)) for name in p.FORWARDED_SIGNALS)
@@ -318,27 +344,42 @@ async def _escalate(
         log.error("session %s: prepare_escalated_exec failed for %s: %r", context.session_id, program, exc)
         await _send(conn, p.EscalateResponse("Deny", reason=_failure_reason(exc)))
         return None
-    cwd_fd = None
-    if caller_dir is not None and prepared.cwd == request.workdir:
-        try:
+    cwd_fd = exe_fd = None
+    try:
+        if caller_dir is not None and prepared.cwd == request.workdir:
             cwd_fd = await caller_dir(p.wire_bytes(prepared.cwd))
-        except (NotTheCallersDirectory, OSError) as exc:
-            why = exc if isinstance(exc, NotTheCallersDirectory) else f"the caller's working directory: {exc}"
-            log.info("session %s: escalation of %s refused: %s", context.session_id, program, why)
-            await _send(conn, p.EscalateResponse("Deny", reason=f"escalation refused: {why}"))
-            return None
+        identity = None if facts is None else facts.identity
+        if identity is not None and prepared.command and prepared.command[0] == program:
+            exe_fd = await open_in_thread(reopen_identified, p.wire_bytes(program), identity)
+            if facts is not None and facts.file is not None and facts.file.format == "script":
+                # Checked, then run by path: its interpreter would get /proc/self/fd/N as $0 (a
+                # script finding its own files by its name breaks), and it re-reads the script
+                # by name anyway (README, Limits).
+                os.close(exe_fd)
+                exe_fd = None
+    except (NotTheCallersDirectory, NotTheApprovedFile, OSError) as exc:
+        for fd in (cwd_fd, exe_fd):
+            if fd is not None:
+                os.close(fd)
+        why = (exc if isinstance(exc, (NotTheCallersDirectory, NotTheApprovedFile))
+               else f"re-opening {program} took over {OPEN_TIMEOUT_S:g} s" if isinstance(exc, TimeoutError)
+               else f"the caller's working directory: {exc}")
+        log.info("session %s: escalation of %s refused: %s", context.session_id, program, why)
+        await _send(conn, p.EscalateResponse("Deny", reason=f"escalation refused: {why}"))
+        return None
     try:
         await _send(conn, p.EscalateResponse("Escalate", extensions={p.SIGNALS_EXTENSION_FIELD: True}))
         async with asyncio.timeout(limits.request_timeout_s):
             payload, fds = await recv_frame(conn, max_bytes=limits.max_frame_bytes, max_fds=limits.max_fds)
         try:
             stdio = _stdio_map(payload, fds)
-            child = _spawn_or_report(prepared, stdio, placement, cwd_fd)
+            child = _spawn_or_report(prepared, stdio, placement, cwd_fd, exe_fd)
         finally:
             close_fds(fds)  # the server's copies: the child has its own now
     finally:
-        if cwd_fd is not None:
-            os.close(cwd_fd)
+        for fd in (cwd_fd, exe_fd):
+            if fd is not None:
+                os.close(fd)
     if isinstance(child, int):
         await _send(conn, p.SuperExecResult(child))
         return None
@@ -381,22 +422,31 @@ def _stdio_map(payload: bytes, fds: list[int]) -> dict[int, int]:
     return dict(zip(message.fds, fds))
 
 
-def _spawn_or_report(prepared: PreparedExec, stdio: dict[int, int],
-                     placement: Placement | None = None, cwd_fd: int | None = None) -> ChildProcess | int:
+def _spawn_or_report(prepared: PreparedExec, stdio: dict[int, int], placement: Placement | None = None,
+                     cwd_fd: int | None = None, exe_fd: int | None = None) -> ChildProcess | int:
     """Spawn; on failure write one line to the caller's stderr and return 127/126 like a shell.
 
     The command, env and cwd are spawned as the exact bytes their strings stand for
     (:func:`protocol.wire_bytes`, non-UTF-8 bytes included), whatever the server's own locale.
     ``cwd_fd`` (borrowed): the directory to start in instead of ``prepared.cwd`` (the child's
-    chdir goes through ``/proc/self/fd/N``, before its exec closes the fd).
+    chdir goes through ``/proc/self/fd/N``, before its exec closes the fd). ``exe_fd``
+    (borrowed): the file to execute instead of ``prepared.command[0]`` — the one identified and
+    approved — as ``/proc/self/fd/N``, N inherited (a ``#!`` script's interpreter opens that
+    name: the same file), argv[0] unchanged.
     """
+    command = [p.wire_bytes(a) for a in prepared.command]
+    arg0 = None if prepared.arg0 is None else p.wire_bytes(prepared.arg0)
+    if exe_fd is not None:
+        arg0 = command[0] if arg0 is None else arg0
+        command[0] = b"/proc/self/fd/%d" % exe_fd
     try:
         return spawn(
-            [p.wire_bytes(a) for a in prepared.command],
+            command,
             env={p.wire_bytes(k): p.wire_bytes(v) for k, v in prepared.env.items()},
             cwd=p.wire_bytes(prepared.cwd) if cwd_fd is None else f"/proc/self/fd/{cwd_fd}",
-            arg0=None if prepared.arg0 is None else p.wire_bytes(prepared.arg0),
+            arg0=arg0,
             stdio=stdio,
+            pass_fds=() if exe_fd is None else (exe_fd,),
             placement=placement,
         )
     except (OSError, ValueError, p.ProtocolError) as exc:  # ValueError: NUL byte or "=" in a name

@@ -282,34 +282,70 @@ class NotTheCallersDirectory(Exception):
     caller is in (the message says which, and why that matters)."""
 
 
+class NotTheApprovedFile(Exception):
+    """The program path no longer names, in this process's view, the file that was identified
+    and decided (the message says so)."""
+
+
 def caller_directory(pid: int, workdir: str | bytes) -> int:
-    """An ``O_PATH`` fd (owned by the caller of this function) on the working directory of
-    process ``pid`` (``/proc/PID/cwd``: the kernel's own directory object, proc(5)), provided
-    ``workdir`` names that very directory (same device and inode) in this process's view —
-    where an escalated command starts. A request's ``workdir`` is the caller's word: through a
-    symlink of its own, or a directory the sandbox replaces (a private ``/tmp``, the masked real
-    HOME), the same path outside is another directory.
+    """An ``O_PATH`` fd (owned by the caller of this function) on ``workdir`` opened in this
+    process's view — where an escalated command starts — provided it is the very directory
+    process ``pid`` is in (same device and inode as ``/proc/PID/cwd``, proc(5)) and ``workdir``
+    names it without a symlink (the kernel's name of the open directory is ``workdir``): a
+    request's ``workdir`` is the caller's word, and through a symlink of its own (``build`` →
+    ``/``), or a directory the sandbox replaces (a private ``/tmp``, the masked HOME), the same
+    path outside is another directory, or the approver would be told another one. Opened here,
+    not through ``/proc/PID/cwd``: that is the sandbox's mount of it (read-only where the
+    sandbox made it so, its ``..`` the sandbox's).
 
     Raises:
-        NotTheCallersDirectory: ``workdir`` is missing here, or another directory.
+        NotTheCallersDirectory: ``workdir`` is missing here, another directory, or a name for it
+            through a symlink.
         OSError: the caller's working directory cannot be read (it exited, or it is not ours to read).
     """
-    fd = os.open(f"/proc/{pid}/cwd", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    theirs = os.stat(f"/proc/{pid}/cwd")
+    shown = os.fsdecode(workdir)
     try:
-        mine = os.fstat(fd)
-        try:
-            st = os.stat(workdir)
-        except OSError as exc:
-            raise NotTheCallersDirectory(f"the working directory {os.fsdecode(workdir)} does not exist where "
-                                         f"escalated commands start ({exc.strerror})") from None
-        if (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino):
+        fd = os.open(workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise NotTheCallersDirectory(f"the working directory {shown} does not exist where escalated commands "
+                                     f"start ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (theirs.st_dev, theirs.st_ino):
             raise NotTheCallersDirectory(
-                f"the working directory {os.fsdecode(workdir)}, where escalated commands start, is another "
-                "directory than the one the caller is in (a symlink, or a directory the sandbox replaces: its "
-                "private /tmp or /run, the masked HOME)")
+                f"the working directory {shown}, where escalated commands start, is another directory than the "
+                "one the caller is in (a symlink, or a directory the sandbox replaces: its private /tmp or /run, "
+                "the masked HOME)")
+        if os.readlink(f"/proc/self/fd/{fd}") != os.path.normpath(shown):
+            raise NotTheCallersDirectory(
+                f"the working directory {shown} names the caller's directory through a symlink; its real path "
+                f"is {os.readlink(f'/proc/self/fd/{fd}')} (cd there, and ask again)")
     except BaseException:
         os.close(fd)
         raise
+    return fd
+
+
+def reopen_identified(path: str | bytes, identity: FileIdentity) -> int:
+    """An ``O_PATH`` fd (owned by the caller of this function) on ``path`` in this process's
+    view, provided it is still the file ``identity`` describes (device, inode, change time and
+    size): what an escalated command executes, by that fd, once approved — the path alone could
+    be re-pointed by the session while the question waited (a symlinked directory swapped).
+
+    Raises:
+        NotTheApprovedFile: ``path`` is missing, or another file, or the file changed.
+    """
+    shown = os.fsdecode(path)
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError as exc:
+        raise NotTheApprovedFile(f"{shown} is gone since it was decided ({exc.strerror})") from None
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_size) != (identity.device, identity.inode, identity.changed_ns,
+                                                            identity.size):
+        os.close(fd)
+        raise NotTheApprovedFile(f"{shown} is not the file that was decided: it was replaced or changed since")
     return fd
 
 

@@ -348,10 +348,15 @@ def _plan(args: argparse.Namespace, probes: _Probes | None = None) -> _Plan:
     # itself, its directories below the working directory bound onto themselves: no rename
     # either), so that the session cannot rewrite the record of its own execs. Made now: a
     # missing file would not be bound.
-    audit = [] if args.sandbox == "none" or not getattr(args, "audit_log", None) else [args.audit_log]
+    # A symlink on its path is refused: the mount would hold what the link points to, and the
+    # session could replace the link itself.
+    audit = [] if args.sandbox == "none" or not getattr(args, "audit_log", None) else [os.path.abspath(args.audit_log)]
     try:
         for path in audit:
             os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600))
+            if os.path.realpath(path) != path:
+                raise RunSetupError(f"--audit-log {args.audit_log}: its path goes through a symlink, which a sandboxed "
+                                    f"session could replace; give the real path, {os.path.realpath(path)}")
     except OSError as exc:
         raise RunSetupError(f"--audit-log {audit[0]}: {exc.strerror}") from exc
     try:

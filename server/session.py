@@ -52,8 +52,8 @@ from typing import Callable, Mapping, Union
 
 from execgate.server import protocol as p
 from execgate.server.backstop import Backstop
-from execgate.server.escalation import Limits, handle_connection
-from execgate.server.exec_facts import GATHER_TIMEOUT_S, Coverage, learn
+from execgate.server.escalation import OPEN_TIMEOUT_S, Limits, handle_connection, open_in_thread
+from execgate.server.exec_facts import Coverage, learn
 from execgate.server.fdpass import close_fds, encode_frame, recv_datagram_nowait, wait_readable
 from execgate.server.identity import NotTheCallersDirectory, caller_directory, peer_cred
 from execgate.server.policy import ExecFacts, Permissions, Policy, SessionContext
@@ -340,6 +340,8 @@ class Session:
         on_run = None
         peer = peer_cred(conn)  # the wrapper: it made the socket, or connected (unix(7))
         pid, uid = (None, None) if peer is None else peer
+        if pid is not None and uid != 0 and _holds_root(pid):
+            uid = 0  # SO_PEERCRED is the euid when the socket was made: root may have dropped it then
         if self.backstop is not None and pid is not None:
             backstop, caller = self.backstop, pid
             def on_run(program: str, argv: list[str], ident: tuple[int, int, int, int] | None, child: bool = False,
@@ -357,7 +359,10 @@ class Session:
         async def caller_dir(workdir: bytes) -> int:
             if pid is None:
                 raise NotTheCallersDirectory("the caller's process is unknown")
-            return await _in_thread(caller_directory, pid, workdir)
+            try:
+                return await open_in_thread(caller_directory, pid, workdir)
+            except TimeoutError:
+                raise NotTheCallersDirectory(f"checking the working directory took over {OPEN_TIMEOUT_S:g} s") from None
 
         def release() -> None:
             nonlocal held
@@ -456,25 +461,17 @@ def _stream_socket(fd: int) -> socket.socket | None:
     return sock
 
 
-async def _in_thread(opener: Callable[..., int], *args: object, timeout_s: float = GATHER_TIMEOUT_S) -> int:
-    """``opener(*args)`` — filesystem calls that return an fd — in a worker thread, bounded by
-    ``timeout_s`` seconds (a path on a stalled mount must not hold the session). The fd is the
-    caller's; one opened after a timeout or cancellation is closed when the thread finishes.
-
-    Raises:
-        NotTheCallersDirectory: past ``timeout_s``; else whatever ``opener`` raises.
-    """
-    done = asyncio.ensure_future(asyncio.to_thread(opener, *args))
+def _holds_root(pid: int) -> bool:
+    """True if any of process ``pid``'s user ids (real, effective, saved, file system:
+    ``/proc/PID/status`` ``Uid:``, proc(5)) is 0, or they cannot be read: a root process that
+    set only its effective uid to another before making its socket (``SO_PEERCRED`` then says
+    that uid) takes root back at will, and is judged as root (what it can modify, the kinds read
+    again at its exec)."""
     try:
-        async with asyncio.timeout(timeout_s):
-            return await asyncio.shield(done)
-    except BaseException as exc:
-        done.add_done_callback(_close_result)
-        if isinstance(exc, TimeoutError):
-            raise NotTheCallersDirectory(f"checking the working directory took over {timeout_s:g} s") from None
-        raise
-
-
-def _close_result(done: asyncio.Future[int]) -> None:
-    if not done.cancelled() and done.exception() is None:
-        os.close(done.result())
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return 0 in (int(v) for v in line.split()[1:])
+    except (OSError, ValueError):
+        return True
+    return True

@@ -97,3 +97,30 @@ def test_the_hidden_home_is_not_where_an_unsandboxed_escalation_runs(attacker: A
     assert "inside: *" in done.stdout, out  # the session sees an empty HOME
     assert "ls=1" in done.stdout and "the empty directory in place of your hidden HOME" in done.stderr, out
     assert secret not in done.stdout, f"the escalated ls listed the hidden real HOME {attacker.home}:\n{out}"
+
+
+TOUCH_RULES = f"""
+[[rule]]
+id = "touch-outside"
+program = "{shutil.which("touch") or "/usr/bin/touch"}"
+decision = "escalate"
+execution = "unsandboxed"
+justification = "writes where the host lets it"
+"""
+
+
+def test_an_unsandboxed_escalation_works_in_the_hosts_view_of_its_directory(attacker: Attacker) -> None:
+    """Not an attack: the working directory an unsandboxed escalation starts in is the host's
+    mount of it, not the sandbox's (a directory read-only inside, writable on the host: a
+    relative write of the escalated command lands there), though it was checked against the
+    caller's own (red team C of 2026-12-02 found the first version of the check starting it in
+    the sandbox's read-only mount: EROFS)."""
+    place = Path(f"/var/tmp/eg-rel-{uuid.uuid4().hex[:8]}")
+    place.mkdir()
+    place.chmod(0o777)
+    try:
+        done = sandboxed_run(attacker, TOUCH_RULES, f"cd {place} && touch rel; echo \"rel=$?\"")
+        out = done.stdout + done.stderr
+        assert "rel=0" in done.stdout and (place / "rel").exists(), out
+    finally:
+        shutil.rmtree(place, ignore_errors=True)

@@ -88,9 +88,10 @@ async def test_escalated_command_gets_exactly_the_prepared_env(short_tmp, monkey
 
 async def test_an_escalated_command_starts_only_in_the_callers_own_directory(short_tmp, monkeypatch):
     """The request's workdir is the caller's word: an escalation whose workdir names another
-    directory than the caller's (SO_PEERCRED pid's /proc/PID/cwd) is refused, saying why; one
-    named through a symlink to the caller's own directory starts there — by the directory, not
-    the path: the symlink, swapped once the check passed, changes nothing."""
+    directory than the caller's (SO_PEERCRED pid's /proc/PID/cwd), or the caller's through a
+    symlink (the approver would be told another directory), is refused, saying why; one naming
+    it by its real path starts there — by the directory, not the path: the directory moved away
+    and another made in its place once the check passed changes nothing."""
     here, there = short_tmp / "here", short_tmp / "there"
     here.mkdir()
     there.mkdir()
@@ -102,16 +103,18 @@ async def test_an_escalated_command_starts_only_in_the_callers_own_directory(sho
         assert resp.action == "Deny" and "is another directory than the one the caller is in" in resp.reason, resp
         resp = await request(s.client_fd, "/bin/sh", ["sh", "-c", "true"], workdir=str(short_tmp / "gone"))
         assert resp.action == "Deny" and "does not exist where escalated commands start" in resp.reason, resp
+        resp = await request(s.client_fd, "/bin/sh", ["sh", "-c", "true"], workdir=str(short_tmp / "link"))
+        assert resp.action == "Deny" and "through a symlink; its real path is" in resp.reason, resp
         sock = await handshake(s.client_fd)
         with sock:
-            resp = await ask(sock, "/bin/sh", ["sh", "-c", "pwd -P > pwd.txt"], workdir=str(short_tmp / "link"))
+            resp = await ask(sock, "/bin/sh", ["sh", "-c", "pwd -P > pwd.txt"], workdir=str(here))
             assert resp.action == "Escalate", resp
-            (short_tmp / "link").unlink()
-            (short_tmp / "link").symlink_to(there)  # after the check, before the spawn
+            here.rename(short_tmp / "moved")  # after the check, before the spawn
+            here.mkdir()
             await _escalate_with_devnull(sock)
             assert await _exit_code(sock) == 0
-    assert (here / "pwd.txt").read_text().strip() == str(here.resolve())
-    assert not (there / "pwd.txt").exists()
+    assert (short_tmp / "moved" / "pwd.txt").read_text().strip() == str((short_tmp / "moved").resolve())
+    assert not (here / "pwd.txt").exists()
 
 
 async def test_closing_the_session_kills_escalated_sleep(short_tmp):
