@@ -418,8 +418,8 @@ async def sweep_orphans(exclude: set[int], timeout_s: float = KILL_WAIT_S) -> li
     or fails — when the group lies in a session other than this process's own and those of the
     ``exclude`` processes (one the session's shell or a process of it made with setsid(2): all
     its members descend from ours; a group of our own session may hold the user's other jobs).
-    A process that makes a new session in every generation still races the sweep: only the
-    cgroup containment is certain (README, Limits).
+    A process that makes a new session (or process group) in every generation still races the
+    sweep: only the cgroup containment is certain (README, Limits).
     """
     import asyncio
 
