@@ -24,6 +24,7 @@ from execgate.server import protocol as p
 from execgate.server.fdpass import PeerClosedError, close_fds, recv_frame, send_frame
 from execgate.server.policy import Decision, ExecFacts, Execution, Policy, PolicyError, PreparedExec, SessionContext
 from execgate.server.containment import Placement
+from execgate.server.exec_facts import read_info
 from execgate.server.identity import NotTheApprovedFile, NotTheCallersDirectory, reopen_identified
 from execgate.server.spawn import DEFAULT_KILL_GRACE_S, ChildProcess, spawn
 
@@ -348,22 +349,8 @@ async def _escalate(
     try:
         if caller_dir is not None and prepared.cwd == request.workdir:
             cwd_fd = await caller_dir(p.wire_bytes(prepared.cwd))
-        identity = None if facts is None else facts.identity
-        if identity is not None and prepared.command and prepared.command[0] == program:
-            exe_fd = await open_in_thread(reopen_identified, p.wire_bytes(program), identity)
-            if facts is not None and facts.file is not None and facts.file.format == "script":
-                # Checked, then run by path: its interpreter would get /proc/self/fd/N as $0 (a
-                # script finding its own files by its name breaks), and it re-reads the script
-                # by name anyway (README, Limits).
-                os.close(exe_fd)
-                exe_fd = None
-    except (NotTheCallersDirectory, NotTheApprovedFile, OSError) as exc:
-        for fd in (cwd_fd, exe_fd):
-            if fd is not None:
-                os.close(fd)
-        why = (exc if isinstance(exc, (NotTheCallersDirectory, NotTheApprovedFile))
-               else f"re-opening {program} took over {OPEN_TIMEOUT_S:g} s" if isinstance(exc, TimeoutError)
-               else f"the caller's working directory: {exc}")
+    except (NotTheCallersDirectory, OSError) as exc:
+        why = exc if isinstance(exc, NotTheCallersDirectory) else f"the caller's working directory: {exc}"
         log.info("session %s: escalation of %s refused: %s", context.session_id, program, why)
         await _send(conn, p.EscalateResponse("Deny", reason=f"escalation refused: {why}"))
         return None
@@ -373,12 +360,25 @@ async def _escalate(
             payload, fds = await recv_frame(conn, max_bytes=limits.max_frame_bytes, max_fds=limits.max_fds)
         try:
             stdio = _stdio_map(payload, fds)
-            child = _spawn_or_report(prepared, stdio, placement, cwd_fd, exe_fd)
+            # Last, right before the start: the caller chose when to send its stdio.
+            refused = None
+            if facts is not None and facts.identity is not None:
+                by_fd = prepared.command[0] == program and (facts.file is None or facts.file.format != "script")
+                try:
+                    exe_fd = await open_in_thread(_pinned, p.wire_bytes(program), facts, by_fd)
+                except NotTheApprovedFile as exc:
+                    refused = str(exc)
+                except TimeoutError:
+                    refused = f"re-opening {program} took over {OPEN_TIMEOUT_S:g} s"
+            if refused is not None:
+                log.info("session %s: escalation of %s refused: %s", context.session_id, program, refused)
+                _tell(stdio, f"execgate: escalation refused: {refused}\n")
+            child = 126 if refused is not None else _spawn_or_report(prepared, stdio, placement, cwd_fd, exe_fd)
         finally:
             close_fds(fds)  # the server's copies: the child has its own now
     finally:
         for fd in (cwd_fd, exe_fd):
-            if fd is not None:
+            if fd is not None and fd >= 0:
                 os.close(fd)
     if isinstance(child, int):
         await _send(conn, p.SuperExecResult(child))
@@ -422,6 +422,49 @@ def _stdio_map(payload: bytes, fds: list[int]) -> dict[int, int]:
     return dict(zip(message.fds, fds))
 
 
+def _pinned(program: bytes, facts: ExecFacts, by_fd: bool) -> int:
+    """The approved file, checked right before it starts (in a worker thread): ``program``
+    re-opened in this process's view must still be the file identified for the decision
+    (:func:`~execgate.server.identity.reopen_identified`: device, inode, change time, size) and
+    read as the same kind of file (:func:`~execgate.server.exec_facts.read_info`, a ``#!``
+    script's interpreter resolved here: the kernel will resolve it here) — a rewrite through a
+    shared mapping keeps the change time and the size, not the header. Returns the fd (owned by
+    the caller) when ``by_fd`` (the command executes it), else -1 (closed: a script runs by
+    path, its interpreter re-reading it by name; a sandboxed command runs its own path).
+
+    Raises:
+        NotTheApprovedFile: it was replaced or changed since.
+    """
+    assert facts.identity is not None
+    fd = reopen_identified(program, facts.identity)
+    try:
+        if facts.file is not None:
+            root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                info, _ = read_info(root, fd)
+            finally:
+                os.close(root)
+            if info != facts.file:
+                raise NotTheApprovedFile(f"{os.fsdecode(program)} is not the file that was decided: it now reads as "
+                                         f"another kind of file, or its #! interpreter changed")
+    except BaseException:
+        os.close(fd)
+        raise
+    if by_fd:
+        return fd
+    os.close(fd)
+    return -1
+
+
+def _tell(stdio: dict[int, int], line: str) -> None:
+    """Write ``line`` to the caller's stderr (fd 2 of ``stdio``), if it gave one; errors ignored."""
+    if 2 in stdio:
+        try:
+            os.write(stdio[2], line.encode("utf-8", "surrogateescape"))
+        except (OSError, UnicodeEncodeError):
+            pass
+
+
 def _spawn_or_report(prepared: PreparedExec, stdio: dict[int, int], placement: Placement | None = None,
                      cwd_fd: int | None = None, exe_fd: int | None = None) -> ChildProcess | int:
     """Spawn; on failure write one line to the caller's stderr and return 127/126 like a shell.
@@ -436,7 +479,7 @@ def _spawn_or_report(prepared: PreparedExec, stdio: dict[int, int], placement: P
     """
     command = [p.wire_bytes(a) for a in prepared.command]
     arg0 = None if prepared.arg0 is None else p.wire_bytes(prepared.arg0)
-    if exe_fd is not None:
+    if exe_fd is not None and exe_fd >= 0:
         arg0 = command[0] if arg0 is None else arg0
         command[0] = b"/proc/self/fd/%d" % exe_fd
     try:
@@ -446,18 +489,13 @@ def _spawn_or_report(prepared: PreparedExec, stdio: dict[int, int], placement: P
             cwd=p.wire_bytes(prepared.cwd) if cwd_fd is None else f"/proc/self/fd/{cwd_fd}",
             arg0=arg0,
             stdio=stdio,
-            pass_fds=() if exe_fd is None else (exe_fd,),
+            pass_fds=() if exe_fd is None or exe_fd < 0 else (exe_fd,),
             placement=placement,
         )
     except (OSError, ValueError, p.ProtocolError) as exc:  # ValueError: NUL byte or "=" in a name
         log.warning("escalated spawn of %r failed: %s", prepared.command[0], exc)
         reason = exc.strerror if isinstance(exc, OSError) else str(exc)
-        if 2 in stdio:
-            try:
-                line = f"execgate: cannot execute {prepared.command[0]}: {reason}\n"
-                os.write(stdio[2], line.encode("utf-8", "surrogateescape"))
-            except (OSError, UnicodeEncodeError):
-                pass
+        _tell(stdio, f"execgate: cannot execute {prepared.command[0]}: {reason}\n")
         return 127 if isinstance(exc, FileNotFoundError) else 126
 
 

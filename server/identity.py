@@ -349,6 +349,23 @@ def reopen_identified(path: str | bytes, identity: FileIdentity) -> int:
     return fd
 
 
+def status_holds_root(status: bytes) -> bool:
+    """True if the process whose ``/proc/PID/status`` (proc(5)) is ``status`` has root's power
+    or can take it back: a user id (real, effective, saved, file system) of 0, or any permitted
+    or effective capability; also when one of those lines is missing."""
+    seen = 0
+    for line in status.splitlines():
+        if line.startswith(b"Uid:"):
+            seen += 1
+            if 0 in (int(v) for v in line.split()[1:]):
+                return True
+        elif line.startswith((b"CapPrm:", b"CapEff:")):
+            seen += 1
+            if int(line.split()[1], 16):
+                return True
+    return seen < 3
+
+
 def _is_own_fd(rest: list[str]) -> bool:
     """True if the components after ``/proc`` (reversed, as :func:`walk` keeps them) are exactly
     ``self/fd/N`` or ``thread-self/fd/N``."""

@@ -55,7 +55,7 @@ from execgate.server.backstop import Backstop
 from execgate.server.escalation import OPEN_TIMEOUT_S, Limits, handle_connection, open_in_thread
 from execgate.server.exec_facts import Coverage, learn
 from execgate.server.fdpass import close_fds, encode_frame, recv_datagram_nowait, wait_readable
-from execgate.server.identity import NotTheCallersDirectory, caller_directory, peer_cred
+from execgate.server.identity import NotTheCallersDirectory, caller_directory, peer_cred, status_holds_root
 from execgate.server.policy import ExecFacts, Permissions, Policy, SessionContext
 from execgate.server.containment import NONE, Containment, Placement, Scope
 from execgate.server.session_start import StartPolicy
@@ -462,16 +462,14 @@ def _stream_socket(fd: int) -> socket.socket | None:
 
 
 def _holds_root(pid: int) -> bool:
-    """True if any of process ``pid``'s user ids (real, effective, saved, file system:
-    ``/proc/PID/status`` ``Uid:``, proc(5)) is 0, or they cannot be read: a root process that
-    set only its effective uid to another before making its socket (``SO_PEERCRED`` then says
-    that uid) takes root back at will, and is judged as root (what it can modify, the kinds read
-    again at its exec)."""
+    """True if process ``pid`` has root's power or can take it back: any of its user ids (real,
+    effective, saved, file system: ``/proc/PID/status`` ``Uid:``, proc(5)) is 0, or it holds any
+    permitted or effective capability (``CapPrm:``, ``CapEff:``: root that set its uids to another
+    with ``PR_SET_KEEPCAPS`` keeps ``CAP_SETUID``, ``CAP_DAC_OVERRIDE``…); also when they cannot be
+    read. ``SO_PEERCRED`` is only the effective uid when the socket was made (red teams D and E of
+    2026-12-02: test_attack_peer_euid.py, test_attack_peer_caps.py)."""
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Uid:"):
-                    return 0 in (int(v) for v in line.split()[1:])
-    except (OSError, ValueError):
+            return status_holds_root(f.read())
+    except OSError:
         return True
-    return True

@@ -93,3 +93,19 @@ def test_rules_trust_only_what_the_facts_show(tmp_path: Path) -> None:
     # Restrictive rules follow the real file's name: /dev/fd/3 of sudo is denied.
     fd_sudo = FileIdentity(**{**{f: getattr(good, f) for f in good.__slots__}, "real_path": "/usr/bin/sudo"})
     assert rules.evaluate("/dev/fd/3", ["x"], ExecFacts(identity=fd_sudo)).decision == "deny"
+
+
+def test_status_holds_root_for_any_root_uid_or_any_capability() -> None:
+    """SO_PEERCRED and the effective uid are not who the caller can become: a saved uid of 0,
+    or a capability kept across setresuid (PR_SET_KEEPCAPS), is root's power."""
+    from execgate.server.identity import status_holds_root
+
+    def status(uids: str, prm: str = "0000000000000000", eff: str = "0000000000000000") -> bytes:
+        return f"Name:\tx\nUid:\t{uids}\nGid:\t0\t0\t0\t0\nCapPrm:\t{prm}\nCapEff:\t{eff}\n".encode()
+
+    assert not status_holds_root(status("1000\t1000\t1000\t1000"))
+    assert status_holds_root(status("65534\t65534\t0\t65534"))  # saved uid 0: seteuid(0) at will
+    assert status_holds_root(status("0\t65534\t65534\t65534"))
+    assert status_holds_root(status("65534\t65534\t65534\t65534", prm="000000000000008a"))  # kept CAP_SETUID…
+    assert status_holds_root(status("65534\t65534\t65534\t65534", eff="0000000000000001"))
+    assert status_holds_root(b"Name:\tx\n")  # unreadable: judged as root
