@@ -396,10 +396,14 @@ def _protect(paths: Sequence[str], writable_roots: Sequence[str]) -> list[str]:
     Each directory strictly between the root and the path is bound onto itself first (read-write,
     as it was): renaming a directory that holds a mount point works, renaming a mount point does
     not (``EBUSY``), so ``mv .venv .old && mkdir -p .venv/…`` cannot put other files where the
-    protected ones were. A path outside every writable root is read-only already: nothing is added.
+    protected ones were. A path inside another protected one is covered by that one's (recursive)
+    read-only bind and gets none of its own; every read-write bind comes before every read-only
+    one (a later bind of a directory would lay the host's writable directory over a read-only
+    bind below it: execgate's package lies inside the virtualenv running it, and the virtualenv
+    was left writable, review of 2026-12-02). A path outside every writable root is read-only
+    already: nothing is added.
     """
-    argv: list[str] = []
-    seen: set[str] = set()
+    targets: dict[str, str] = {}  # path as the sandbox names it → the root holding it
     for given in dict.fromkeys(paths):
         if not os.path.isabs(given) or not os.path.lexists(given):
             continue
@@ -407,21 +411,27 @@ def _protect(paths: Sequence[str], writable_roots: Sequence[str]) -> list[str]:
         for root in writable_roots:
             for spelled in dict.fromkeys((os.path.normpath(root), os.path.realpath(root))):
                 target = next((p for p in (os.path.normpath(given), real) if under(p, spelled)), None)
-                if target is None:
-                    continue
-                inside = os.path.normpath(os.path.join(root, os.path.relpath(target, spelled)))
-                rel = os.path.relpath(inside, root)
-                parts = [] if rel == "." else rel.split("/")[:-1]
-                current = os.path.normpath(root)
-                for part in parts:
-                    current = os.path.join(current, part)
-                    if current not in seen:
-                        seen.add(current)
-                        argv += ["--bind", current, current]
-                if inside not in seen:
-                    seen.add(inside)
-                    argv += ["--ro-bind", inside, inside]
-                break
+                if target is not None:
+                    targets.setdefault(os.path.normpath(os.path.join(root, os.path.relpath(target, spelled))),
+                                       os.path.normpath(root))
+                    break
+            else:
+                continue
+            break
+    outermost = [t for t in targets if not any(under(t, o) and t != o for o in targets)]
+    between: dict[str, None] = {}
+    for inside in sorted(outermost):
+        root = targets[inside]
+        rel = os.path.relpath(inside, root)
+        current = root
+        for part in ([] if rel == "." else rel.split("/")[:-1]):
+            current = os.path.join(current, part)
+            between[current] = None
+    argv: list[str] = []
+    for directory in sorted(between, key=lambda d: d.count("/")):
+        argv += ["--bind", directory, directory]
+    for inside in sorted(outermost):
+        argv += ["--ro-bind", inside, inside]
     return argv
 
 

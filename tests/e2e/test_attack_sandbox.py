@@ -298,16 +298,22 @@ def test_execgate_install_in_the_working_directory_stays_read_only(attacker, out
         shutil.rmtree(top, ignore_errors=True)
 
 
-def test_the_virtualenv_running_execgate_in_the_working_directory_stays_read_only(attacker):
+@pytest.mark.parametrize("layout", ["pth", "installed"])
+def test_the_virtualenv_running_execgate_in_the_working_directory_stays_read_only(attacker, layout):
     # The virtualenv that runs execgate lies in the working directory: a .pth file (or a package)
     # the session put there would run outside the sandbox, as the user, the next time execgate
     # starts. The venv (made here, its site-packages pointing at the installed execgate through a
-    # .pth of our own) is kept read-only in the session; the rest of the workdir stays writable.
+    # .pth of our own — or, "installed", holding a copy of the execgate package itself, as a
+    # clone's .venv does) is kept read-only in the session; the rest of the workdir stays
+    # writable. "installed" failed before 2026-12-02: the package's own read-only bind, inside the
+    # venv, made the venv's directories read-write binds (found by a new user's trial).
     top = Path(tempfile.mkdtemp(prefix="eg-venv-", dir="/var/tmp"))
     try:
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(top / ".venv")], check=True)
         site = next((top / ".venv" / "lib").glob("python3*/site-packages"))
         (site / "execgate-under-test.pth").write_text(os.path.dirname(own_package_dirs()[0]) + "\n")
+        if layout == "installed":  # found first on sys.path: the venv's own site-packages
+            shutil.copytree(own_package_dirs()[0], site / "execgate", symlinks=True)
         for dirpath, dirnames, filenames in os.walk(top):
             for name in (dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)):
                 os.lchown(name, attacker.uid, attacker.gid)
