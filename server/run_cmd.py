@@ -324,6 +324,14 @@ def _plan(args: argparse.Namespace, probes: _Probes | None = None) -> _Plan:
         raise RunSetupError("--max-capture is for --json (streamed output is never held)")
     if args.policy is not None and not args.policy.strip():
         raise RunSetupError("--policy: empty address (give unix:///path or host:port, or leave --policy out for the embedded service)")
+    if args.policy is not None:
+        from execgate.policy_service.transport import is_local_address
+
+        try:
+            is_local_address(args.policy)
+        except ValueError:
+            hint = f" (a socket path is written unix://{args.policy})" if args.policy.startswith("/") else ""
+            raise RunSetupError(f"--policy {args.policy}: give unix:///path or host:port{hint}") from None
     workdir = os.path.abspath(args.cwd or os.getcwd())
     if not os.path.isdir(workdir):
         raise RunSetupError(f"--cwd {workdir}: not a directory")

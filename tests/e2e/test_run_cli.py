@@ -198,6 +198,10 @@ def test_bad_options_are_one_line_errors(tmp_path):
         (["--tls"], "--tls* options need --policy HOST:PORT"),
         (["--policy", "unix:///nowhere", "--tls-ca", str(tmp_path / "ca.pem")], "TLS is for TCP addresses"),
         (["--policy", "127.0.0.1:1", "--tls-ca", str(tmp_path / "absent.pem")], "No such file or directory"),
+        # A policy address is checked at start, not at the first exec (a new user's trial, 2026-12-02).
+        (["--policy", "/run/p.sock"], "give unix:///path or host:port (a socket path is written unix:///run/p.sock)"),
+        (["--policy", "bogus://x"], "--policy bogus://x: give unix:///path or host:port"),
+        (["--policy", "127.0.0.1:notaport"], "give unix:///path or host:port"),
     ]:
         done = execgate("run", "-q", *args, "--", "touch ran", cwd=tmp_path)
         assert done.returncode == 2, args
