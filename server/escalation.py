@@ -362,7 +362,14 @@ async def _escalate(
             stdio = _stdio_map(payload, fds)
             # Last, right before the start: the caller chose when to send its stdio.
             refused = None
-            if facts is not None and facts.identity is not None:
+            if facts is None or facts.identity is None:
+                # Nothing to hold the start to: the file was not identified in the caller's view
+                # (a path that did not resolve there; a client that sent no fd and a name through
+                # a missing directory) — whatever the path names by now would run.
+                refused = (f"{program} was not identified as a file in the caller's view"
+                           + (f" ({facts.problem})" if facts is not None and facts.problem else "")
+                           + ", so nothing ties what would start to what was decided")
+            else:
                 by_fd = prepared.command[0] == program and (facts.file is None or facts.file.format != "script")
                 try:
                     exe_fd = await open_in_thread(_pinned, p.wire_bytes(program), facts, by_fd)
