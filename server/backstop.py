@@ -603,7 +603,7 @@ def _ids(proc: str) -> tuple[int, int, int]:
     effective, saved, filesystem): the effective uid (what ``SO_PEERCRED`` reports), or 0 when
     the process has root's power or can take it back (any uid 0, any permitted or effective
     capability: :func:`~execgate.server.identity.status_holds_root`) — judged as root (red teams
-    D and E of 2026-12-02, test_attack_peer_euid.py, test_attack_peer_caps.py)."""
+    D and E of 2026-12-02, test_attack_peer_disguise.py)."""
     tgid = ppid = euid = None
     with open(f"{proc}/status", "rb") as f:
         status = f.read()

@@ -467,7 +467,7 @@ def _holds_root(pid: int) -> bool:
     permitted or effective capability (``CapPrm:``, ``CapEff:``: root that set its uids to another
     with ``PR_SET_KEEPCAPS`` keeps ``CAP_SETUID``, ``CAP_DAC_OVERRIDE``…); also when they cannot be
     read. ``SO_PEERCRED`` is only the effective uid when the socket was made (red teams D and E of
-    2026-12-02: test_attack_peer_euid.py, test_attack_peer_caps.py)."""
+    2026-12-02: test_attack_peer_disguise.py)."""
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
             return status_holds_root(f.read())

@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -262,3 +263,43 @@ def sandboxed_run(attacker: Attacker, rules: str, script: str) -> subprocess.Com
     (work / "rules.toml").write_text(rules)
     return attacker.execgate("run", "--sandbox", "bwrap", "--rules", str(work / "rules.toml"), "--cwd", str(work),
                              "--", script, cwd=work)
+
+
+def approved_after(attacker: Attacker, script: str, wait_s: float) -> tuple[str, str, str]:
+    """``execgate run --sandbox bwrap --approver-wait 30`` of ``script`` as ``attacker``, in its
+    working directory with the ``rules.toml`` there; an ``execgate approve`` (named "person",
+    from the command line the run prints) answers ``y`` to the first question ``wait_s`` seconds
+    after it starts — a person reading it. Returns the run's stdout and stderr and what the
+    approver showed."""
+    work = attacker.workdir()
+    cli = (sys.executable, "-m", "execgate.server.cli")
+    run = subprocess.Popen(
+        attacker.command([*cli, "run", "-q", "--sandbox", "bwrap", "--rules", str(work / "rules.toml"),
+                          "--approver-wait", "30", "--cwd", str(work), "--", script]),
+        cwd=work, env=attacker.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    approver = None
+    try:
+        assert run.stderr is not None
+        line = run.stderr.readline()
+        prefix = "execgate: approvals: execgate approve "
+        assert line.startswith(prefix), line
+        words = line[len(prefix):].split()
+        approver = subprocess.Popen([*cli, "approve", "--policy", words[1], "--token-file", words[3],
+                                     "--name", "person"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert approver.stdin is not None
+        time.sleep(wait_s)
+        approver.stdin.write("y\n")
+        approver.stdin.flush()
+        out, err = run.communicate(timeout=60)
+        try:
+            shown, _ = approver.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            approver.kill()
+            shown, _ = approver.communicate()
+    finally:
+        for proc in (approver, run):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return out, err, shown

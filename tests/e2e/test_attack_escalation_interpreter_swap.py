@@ -13,21 +13,14 @@ Safe behaviour: the approved script runs under the interpreter the approver was 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from attack_support import Attacker
-from execgate.server.sandbox import bwrap_usable
+from attack_support import Attacker, approved_after
 
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(bwrap_usable() is not None, reason=f"bwrap unusable: {bwrap_usable()}")]
-
-CLI = (sys.executable, "-m", "execgate.server.cli")
+pytestmark = pytest.mark.e2e
 
 RULES = """
 [[rule]]
@@ -52,35 +45,8 @@ def test_interpreter_swapped_during_the_prompt(attacker: Attacker) -> None:
         "(sleep 1; mv -f evil venv/bin/sh && echo SWAPPED) & "
         f"./deploy {outside}; echo status=$?; wait"
     )
-    run = subprocess.Popen(
-        attacker.command([*CLI, "run", "-q", "--sandbox", "bwrap", "--rules", str(work / "rules.toml"),
-                          "--approver-wait", "30", "--cwd", str(work), "--", script]),
-        cwd=work, env=attacker.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    approver = None
-    try:
-        assert run.stderr is not None
-        line = run.stderr.readline()
-        prefix = "execgate: approvals: execgate approve "
-        assert line.startswith(prefix), line
-        words = line[len(prefix):].split()
-        approver = subprocess.Popen([*CLI, "approve", "--policy", words[1], "--token-file", words[3],
-                                     "--name", "person"],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert approver.stdin is not None
-        time.sleep(3)  # a person reads the question (a script, interpreter .../venv/bin/sh: dash), approves once
-        approver.stdin.write("y\n")
-        approver.stdin.flush()
-        out, err = run.communicate(timeout=60)
-        try:
-            shown, _ = approver.communicate(timeout=5)
-        except subprocess.TimeoutExpired:
-            approver.kill()
-            shown, _ = approver.communicate()
-    finally:
-        for proc in (approver, run):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    # a person reads the question (a script, interpreter .../venv/bin/sh: dash), approves once
+    out, err, shown = approved_after(attacker, script, 3)
     try:
         assert f"{work}/deploy" in shown, shown  # what the person approved
         assert "SWAPPED" in out, (out, err)

@@ -15,7 +15,6 @@ Safe behaviour: the contents the approver was asked about run, or nothing does.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 import time
 import uuid
@@ -23,13 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from attack_support import Attacker
-from execgate.server.sandbox import bwrap_usable
+from attack_support import Attacker, approved_after
 
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(bwrap_usable() is not None, reason=f"bwrap unusable: {bwrap_usable()}")]
-
-CLI = (sys.executable, "-m", "execgate.server.cli")
+pytestmark = pytest.mark.e2e
 
 RULES = """
 [[rule]]
@@ -76,35 +71,8 @@ def test_approved_program_rewritten_through_a_mapping(attacker: Attacker) -> Non
     script = (f"{sys.executable} helper.py {pwned} & "
               "while [ ! -e ready ]; do sleep 0.1; done; sleep 0.2; "
               f"./tool {outside}; echo status=$?; wait")
-    run = subprocess.Popen(
-        attacker.command([*CLI, "run", "-q", "--sandbox", "bwrap", "--rules", str(work / "rules.toml"),
-                          "--approver-wait", "30", "--cwd", str(work), "--", script]),
-        cwd=work, env=attacker.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    approver = None
-    try:
-        assert run.stderr is not None
-        line = run.stderr.readline()
-        prefix = "execgate: approvals: execgate approve "
-        assert line.startswith(prefix), line
-        words = line[len(prefix):].split()
-        approver = subprocess.Popen([*CLI, "approve", "--policy", words[1], "--token-file", words[3],
-                                     "--name", "person"],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert approver.stdin is not None
-        time.sleep(5)  # a person reads the question (./tool, a dynamic ELF), then approves once
-        approver.stdin.write("y\n")
-        approver.stdin.flush()
-        out, err = run.communicate(timeout=60)
-        try:
-            shown, _ = approver.communicate(timeout=5)
-        except subprocess.TimeoutExpired:
-            approver.kill()
-            shown, _ = approver.communicate()
-    finally:
-        for proc in (approver, run):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    # a person reads the question (./tool, a dynamic ELF), then approves once
+    out, err, shown = approved_after(attacker, script, 5)
     try:
         assert "elf" in shown, shown  # the person was shown an ELF
         assert "REWRITTEN" in out, (out, err)

@@ -16,21 +16,15 @@ Safe behaviour: the approved contents run, or nothing does; never the contents w
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from attack_support import Attacker
-from execgate.server.sandbox import bwrap_usable
+from attack_support import Attacker, approved_after
 
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(bwrap_usable() is not None, reason=f"bwrap unusable: {bwrap_usable()}")]
-
-CLI = (sys.executable, "-m", "execgate.server.cli")
+pytestmark = pytest.mark.e2e
 
 RULES = """
 [[rule]]
@@ -84,35 +78,8 @@ def test_approved_file_rewritten_after_the_check(attacker: Attacker, mode: str) 
     outside = Path(f"/tmp/eg-rw-{tag}")
     pwned = Path(f"/tmp/eg-rw-{tag}-pwned")  # the host's /tmp: only an escalation reaches it
     script = f"{sys.executable} client.py {mode} {outside} {pwned}"
-    run = subprocess.Popen(
-        attacker.command([*CLI, "run", "-q", "--sandbox", "bwrap", "--rules", str(work / "rules.toml"),
-                          "--approver-wait", "30", "--cwd", str(work), "--", script]),
-        cwd=work, env=attacker.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    approver = None
-    try:
-        assert run.stderr is not None
-        line = run.stderr.readline()
-        prefix = "execgate: approvals: execgate approve "
-        assert line.startswith(prefix), line
-        words = line[len(prefix):].split()
-        approver = subprocess.Popen([*CLI, "approve", "--policy", words[1], "--token-file", words[3],
-                                     "--name", "person"],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert approver.stdin is not None
-        time.sleep(3)  # a person reads the question about ./tool, then approves once
-        approver.stdin.write("y\n")
-        approver.stdin.flush()
-        out, err = run.communicate(timeout=60)
-        try:
-            shown, _ = approver.communicate(timeout=5)
-        except subprocess.TimeoutExpired:
-            approver.kill()
-            shown, _ = approver.communicate()
-    finally:
-        for proc in (approver, run):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    # a person reads the question about ./tool, then approves once
+    out, err, shown = approved_after(attacker, script, 3)
     try:
         assert "ANSWER Escalate" in out, (out, err, shown)  # the person approved ./tool
         assert "REWRITTEN" in out, (out, err)

@@ -9,40 +9,38 @@ re-pointed while the question is up: the approver is shown "real file /usr/bin/t
 elf64", approves once, and the server spawns whatever the path names by then — here a shell
 script of the session's, unsandboxed, on the host.
 
+The same into a *sandboxed* escalation (``execution = { network = true }``): a bwrap command
+line names the program by path, resolved again inside the new sandbox, and the session's own
+script got the network the session does not have (red team E of 2026-12-02).
+
 Safe behaviour: the approved file runs, or nothing does; never the file swapped in.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from attack_support import Attacker
-from execgate.server.sandbox import bwrap_usable
+from attack_support import Attacker, approved_after
 
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(bwrap_usable() is not None, reason=f"bwrap unusable: {bwrap_usable()}")]
-
-CLI = (sys.executable, "-m", "execgate.server.cli")
+pytestmark = pytest.mark.e2e
 
 RULES = """
 [[rule]]
 id = "ask-touch"
 program = "touch"
 decision = "prompt"
-execution = "unsandboxed"
+execution = EXECUTION
 justification = "touching files needs a person"
 """
 
 
-def test_symlink_repointed_during_the_prompt_escalates_another_file(attacker: Attacker) -> None:
+@pytest.mark.parametrize("execution", ['"unsandboxed"', "{ network = true }"])
+def test_symlink_repointed_during_the_prompt_escalates_another_file(attacker: Attacker, execution: str) -> None:
     work = attacker.workdir()
-    (work / "rules.toml").write_text(RULES)
+    (work / "rules.toml").write_text(RULES.replace("EXECUTION", execution))
     tag = uuid.uuid4().hex[:8]
     outside = Path(f"/tmp/eg-swap-{tag}")  # the host's /tmp: only an escalation reaches it
     pwned = Path(f"/tmp/eg-swap-{tag}-pwned")
@@ -52,35 +50,8 @@ def test_symlink_repointed_during_the_prompt_escalates_another_file(attacker: At
         f"(sleep 1; ln -sfn {work}/evil bin.new && mv -T bin.new bin && echo SWAPPED) & "
         f"./bin/touch {outside}; echo status=$?; wait"
     )
-    run = subprocess.Popen(
-        attacker.command([*CLI, "run", "-q", "--sandbox", "bwrap", "--rules", str(work / "rules.toml"),
-                          "--approver-wait", "30", "--cwd", str(work), "--", script]),
-        cwd=work, env=attacker.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    approver = None
-    try:
-        assert run.stderr is not None
-        line = run.stderr.readline()
-        prefix = "execgate: approvals: execgate approve "
-        assert line.startswith(prefix), line
-        words = line[len(prefix):].split()
-        approver = subprocess.Popen([*CLI, "approve", "--policy", words[1], "--token-file", words[3],
-                                     "--name", "person"],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert approver.stdin is not None
-        time.sleep(3)  # a person reads the question (real file /usr/bin/touch), then approves once
-        approver.stdin.write("y\n")
-        approver.stdin.flush()
-        out, err = run.communicate(timeout=60)
-        try:
-            shown, _ = approver.communicate(timeout=5)
-        except subprocess.TimeoutExpired:
-            approver.kill()
-            shown, _ = approver.communicate()
-    finally:
-        for proc in (approver, run):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    # a person reads the question (real file /usr/bin/touch), then approves once
+    out, err, shown = approved_after(attacker, script, 3)
     try:
         assert "real file /usr/bin/touch" in shown, shown  # what the person approved
         assert "SWAPPED" in out, (out, err)

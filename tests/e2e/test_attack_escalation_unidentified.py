@@ -17,21 +17,15 @@ other); never a file swapped in after the answer.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from attack_support import Attacker
-from execgate.server.sandbox import bwrap_usable
+from attack_support import Attacker, approved_after
 
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(bwrap_usable() is not None, reason=f"bwrap unusable: {bwrap_usable()}")]
-
-CLI = (sys.executable, "-m", "execgate.server.cli")
+pytestmark = pytest.mark.e2e
 
 RULES = """
 [[rule]]
@@ -84,35 +78,8 @@ def test_unidentified_escalation_is_not_pinned(attacker: Attacker, mode: str) ->
     outside = Path(f"/tmp/eg-unid-{tag}")
     pwned = Path(f"/tmp/eg-unid-{tag}-pwned")  # the host's /tmp: only an escalation reaches it
     script = f"{sys.executable} client.py {mode} {outside} {pwned}"
-    run = subprocess.Popen(
-        attacker.command([*CLI, "run", "-q", "--sandbox", "bwrap", "--rules", str(work / "rules.toml"),
-                          "--approver-wait", "30", "--cwd", str(work), "--", script]),
-        cwd=work, env=attacker.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    approver = None
-    try:
-        assert run.stderr is not None
-        line = run.stderr.readline()
-        prefix = "execgate: approvals: execgate approve "
-        assert line.startswith(prefix), line
-        words = line[len(prefix):].split()
-        approver = subprocess.Popen([*CLI, "approve", "--policy", words[1], "--token-file", words[3],
-                                     "--name", "person"],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert approver.stdin is not None
-        time.sleep(3)  # a person reads the question about .../bin/touch, then approves once
-        approver.stdin.write("y\n")
-        approver.stdin.flush()
-        out, err = run.communicate(timeout=60)
-        try:
-            shown, _ = approver.communicate(timeout=5)
-        except subprocess.TimeoutExpired:
-            approver.kill()
-            shown, _ = approver.communicate()
-    finally:
-        for proc in (approver, run):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    # a person reads the question about .../bin/touch, then approves once
+    out, err, shown = approved_after(attacker, script, 3)
     try:
         print(shown)
         if "ANSWER Escalate" in out:  # approved: what runs must be the file asked about, or nothing

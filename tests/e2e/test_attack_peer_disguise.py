@@ -1,13 +1,4 @@
-"""Attack: root keeps every capability under another uid, and is judged as that uid.
-
-0bc8290 judges a caller as root when any of its uids is 0 (``session.py _holds_root``,
-``backstop.py _ids``): "root that set only its effective uid to another takes root back at will".
-So does root that set *all* its uids to 65534 and kept its capabilities (``PR_SET_KEEPCAPS``,
-``setresuid(65534, 65534, 65534)``, ``capset``: CAP_DAC_OVERRIDE writes any file, CAP_SETUID takes
-uid 0 back). Judged for uid 65534, a file in a root-owned 0755 directory is unmodifiable and nothing is
-re-read at the exec. The rest is test_attack_peer_euid.py's attack (its text follows), without
-the euid dance.
-
+"""Attack: root makes a file it can rewrite look unmodifiable by the credentials it connects with.
 
 The escalation server judges ``caller_can_modify`` (and whether the backstop reads an approved
 file's kinds again at the exec, ``session.py`` ``on_run``: for a file the caller can modify, or for
@@ -20,6 +11,10 @@ nothing is re-read. It then rewrites the file through a shared mapping whose pag
 written (change time and size kept: red-team round 3) into a static program a ``file_kind`` rule
 denies, and execveat(2)s the fd it asked with: the backstop lets the exec through as the approved
 one and the denied static program runs (round 4's read-only-bind route, by another door).
+
+The same with root that set *all* its uids to 65534 and kept its capabilities
+(``PR_SET_KEEPCAPS``, ``capset``: CAP_DAC_OVERRIDE writes any file, CAP_SETUID takes uid 0 back),
+``how = "caps"`` (red team E of 2026-12-02, after the euid fix judged any uid 0 as root).
 
 Safe behaviour: the rewritten exec is decided again and denied (``EXEC EACCES``); the marker never
 runs.
@@ -38,7 +33,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-QUERY = Path(__file__).parent / "data" / "caps_query.py"
+QUERY = Path(__file__).parent / "data" / "root_disguise_query.py"
 
 STATIC_MARKER = r"""
 #include <fcntl.h>
@@ -51,8 +46,9 @@ int main(void) {
 """
 
 
+@pytest.mark.parametrize("how", ["euid", "caps"])
 @pytest.mark.parametrize("attacker", ["root"], indirect=True)
-def test_root_with_other_uids_and_all_capabilities_rewrites_an_approved_file(attacker) -> None:
+def test_root_judged_with_a_dropped_euid_rewrites_an_approved_file(attacker, how) -> None:
     # A root-owned 0755 chain (/opt is): for uid 65534 nothing in it is modifiable.
     d = Path(tempfile.mkdtemp(prefix="egrt-", dir="/opt"))
     try:
@@ -67,11 +63,12 @@ def test_root_with_other_uids_and_all_capabilities_rewrites_an_approved_file(att
         shutil.copy(QUERY, d / "q.py")
         (d / "rules.toml").write_text('[[rule]]\nid = "no-static"\nfile_kind = ["static"]\ndecision = "deny"\n'
                                       'justification = "static programs are not allowed"\n')
-        script = (f"./s; {sys.executable} -B q.py {d / 'f'} {d / 's'} f; echo end")
+        script = f"./s; {sys.executable} -B q.py {how} {d / 'f'} {d / 's'} f; echo end"
         done = attacker.execgate("run", "-q", "--sandbox", "none", "--seccomp", "on", "--rules",
                                  str(d / "rules.toml"), "--cwd", str(d), "--", script, cwd=d)
         out = done.stdout + done.stderr
-        assert "end" in done.stdout and "EUID BACK 65534 CAPS 000000000000008a" in done.stdout, out
+        back = "EUID BACK 0 CAPS" if how == "euid" else "EUID BACK 65534 CAPS 000000000000008a"
+        assert "end" in done.stdout and back in done.stdout, out
         assert f"ANSWER {d / 'f'} Run" in done.stdout, out
         assert "CTIME SAME True SIZE SAME True" in done.stdout, out
         assert "STATIC MARKER RAN" not in done.stdout and not (d / "static").exists(), out
