@@ -389,6 +389,25 @@ def running_python() -> tuple[str, ...]:
     return tuple(dict.fromkeys((sys.prefix, os.path.realpath(sys.prefix))))
 
 
+def _linked_in_root(path: str, roots: Sequence[str]) -> str | None:
+    """Why ``path`` (a file of execgate's own that must stay read-only in the session) cannot be
+    kept so: it is reached through a symlink that lies in a writable root — bwrap binds what the
+    link points to, and the session replaces the link itself (a ``.venv`` linked to another
+    directory: the next start ran the session's ``.pth``, review of 2026-12-02). None if not."""
+    for root in roots:
+        root = os.path.normpath(root)
+        if not under(path, root) or path == root:
+            continue
+        current = root
+        for part in os.path.relpath(path, root).split("/"):
+            current = os.path.join(current, part)
+            if os.path.islink(current):
+                return (f"{path} (execgate's own, kept read-only in the session) is reached through the symlink "
+                        f"{current}, which lies in the writable {root}: the session could replace it; run "
+                        f"execgate by its real path, {os.path.realpath(path)}")
+    return None
+
+
 def _protect(paths: Sequence[str], writable_roots: Sequence[str]) -> list[str]:
     """bwrap arguments that keep each existing absolute path of ``paths`` read-only where a
     writable root holds it (as written or resolved: the path is then reached through that root).
@@ -403,6 +422,10 @@ def _protect(paths: Sequence[str], writable_roots: Sequence[str]) -> list[str]:
     was left writable, review of 2026-12-02). A path outside every writable root is read-only
     already: nothing is added.
     """
+    # Only the roots bwrap mounts: a root inside another is not bound (_not_nested), and a
+    # directory inside it is renamed like any other (with --home holding --cwd, review of
+    # 2026-12-02: the working directory itself was moved away and rebuilt).
+    writable_roots = _not_nested(writable_roots, writable_roots)
     targets: dict[str, str] = {}  # path as the sandbox names it → the root holding it
     for given in dict.fromkeys(paths):
         if not os.path.isabs(given) or not os.path.lexists(given):
@@ -625,6 +648,9 @@ def choose_sandbox(
             raise SandboxError(why)
     seen = tuple(dict.fromkeys(os.path.abspath(r) for r in readable if os.path.abspath(r) not in roots))
     covered = tuple(dict.fromkeys(os.path.abspath(h) for h in hidden))
+    for path in (sys.prefix, *own_package_dirs(), *protected):
+        if (why := _linked_in_root(os.path.abspath(path), roots)) is not None:
+            raise SandboxError(why)
     perms = Permissions(network=False, writable_roots=roots, readable_roots=seen, hidden_paths=covered,
                         protected_paths=tuple(dict.fromkeys((*own_package_dirs(), *running_python(),
                                                              *map(os.path.abspath, protected)))))
