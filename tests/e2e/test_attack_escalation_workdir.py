@@ -99,6 +99,27 @@ def test_the_hidden_home_is_not_where_an_unsandboxed_escalation_runs(attacker: A
     assert secret not in done.stdout, f"the escalated ls listed the hidden real HOME {attacker.home}:\n{out}"
 
 
+def test_a_symlink_cannot_name_the_directory_an_escalation_runs_in(attacker: Attacker) -> None:
+    """(Red team C of 2026-12-02.) The session makes ``build -> /``, ``cd /`` (the sandbox's
+    read-only root: the host's ``/``, the same inode) and sends a request naming ``WORK/build``:
+    the first version of the check compared inodes only, and the unsandboxed ``ls`` ran in ``/``
+    while the audit log (and a prompt) said ``WORK/build``. Now refused, naming the real path;
+    the audit log records the decision for the name asked, and nothing ran."""
+    work = attacker.workdir()
+    audit = work / "logs" / "audit.jsonl"
+    audit.parent.mkdir()
+    audit.parent.chmod(0o777)
+    (work / "rules.toml").write_text(RULES)
+    script = (f"ln -s / build && cd / && {sys.executable} -c \"{FORGE}\" {work}/build {LS} ls -d etc proc; "
+              "echo \"forged=$?\"")
+    done = attacker.execgate("run", "-q", "--sandbox", "bwrap", "--rules", str(work / "rules.toml"),
+                             "--audit-log", str(audit), "--cwd", str(work), "--", script, cwd=work)
+    out = done.stdout + done.stderr
+    assert "forged=1" in done.stdout and "etc" not in done.stdout.split(), out
+    assert f"the working directory {work}/build names the caller's directory through a symlink; its real path is /" \
+        in done.stderr, out
+
+
 TOUCH_RULES = f"""
 [[rule]]
 id = "touch-outside"
