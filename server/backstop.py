@@ -62,7 +62,7 @@ from execgate.server.escalation import query_run
 from execgate.server.exec_facts import Coverage, learn, read_info
 from execgate.server.fileinfo import kinds
 from execgate.server.fdpass import close_fds, recv_datagram
-from execgate.server.identity import Unresolved, open_fd_of, open_root, status_holds_root, walk
+from execgate.server.identity import Unresolved, open_fd_of, open_root, status_ids, walk
 from execgate.server.policy import Decision, Policy, SessionContext
 
 log = logging.getLogger(__name__)
@@ -602,21 +602,13 @@ def _ids(proc: str) -> tuple[int, int, int]:
     """``(Tgid, PPid, uid)`` of ``proc`` (/proc/PID/status, proc(5): ``Uid:`` is real,
     effective, saved, filesystem): the effective uid (what ``SO_PEERCRED`` reports), or 0 when
     the process has root's power or can take it back (any uid 0, any permitted or effective
-    capability: :func:`~execgate.server.identity.status_holds_root`) — judged as root (red teams
+    capability: :func:`~execgate.server.identity.status_ids`) — judged as root (red teams
     D and E of 2026-12-02, test_attack_peer_disguise.py)."""
-    tgid = ppid = euid = None
     with open(f"{proc}/status", "rb") as f:
-        status = f.read()
-    for line in status.splitlines():
-        if line.startswith(b"Tgid:"):
-            tgid = int(line.split()[1])
-        elif line.startswith(b"PPid:"):
-            ppid = int(line.split()[1])
-        elif line.startswith(b"Uid:"):
-            euid = int(line.split()[2])
-    if tgid is None or ppid is None or euid is None:
+        ids = status_ids(f.read())
+    if ids.tgid is None or ids.ppid is None or ids.euid is None:
         raise OSError(errno.ESRCH, "no Tgid, PPid or Uid")
-    return tgid, ppid, 0 if status_holds_root(status) else euid
+    return ids.tgid, ids.ppid, 0 if ids.holds_root else ids.euid
 
 
 def _tgid(proc: str) -> int:

@@ -349,21 +349,38 @@ def reopen_identified(path: str | bytes, identity: FileIdentity) -> int:
     return fd
 
 
-def status_holds_root(status: bytes) -> bool:
-    """True if the process whose ``/proc/PID/status`` (proc(5)) is ``status`` has root's power
-    or can take it back: a user id (real, effective, saved, file system) of 0, or any permitted
-    or effective capability; also when one of those lines is missing."""
-    seen = 0
+class StatusIds(NamedTuple):
+    """What :func:`status_ids` reads of a ``/proc/PID/status`` (proc(5)); None where a line is
+    missing."""
+
+    tgid: int | None
+    ppid: int | None
+    euid: int | None
+    holds_root: bool
+
+
+def status_ids(status: bytes) -> StatusIds:
+    """Tgid, PPid and effective uid of the process whose ``/proc/PID/status`` is ``status``, in
+    one pass, and whether it has root's power or can take it back: a user id (real, effective,
+    saved, file system) of 0, or any permitted or effective capability (also when one of those
+    lines is missing). ``SO_PEERCRED`` and the effective uid alone are not who a caller can
+    become: root that set only its euid to another, or all its uids with PR_SET_KEEPCAPS, takes
+    root back at will (red teams D and E of 2026-12-02, test_attack_peer_disguise.py)."""
+    tgid = ppid = euid = None
+    root, seen = False, 0
     for line in status.splitlines():
-        if line.startswith(b"Uid:"):
+        if line.startswith(b"Tgid:"):
+            tgid = int(line.split()[1])
+        elif line.startswith(b"PPid:"):
+            ppid = int(line.split()[1])
+        elif line.startswith(b"Uid:"):
             seen += 1
-            if 0 in (int(v) for v in line.split()[1:]):
-                return True
+            uids = [int(v) for v in line.split()[1:]]
+            euid, root = uids[1], root or 0 in uids
         elif line.startswith((b"CapPrm:", b"CapEff:")):
             seen += 1
-            if int(line.split()[1], 16):
-                return True
-    return seen < 3
+            root = root or int(line.split()[1], 16) != 0
+    return StatusIds(tgid, ppid, euid, root or seen < 3)
 
 
 def _is_own_fd(rest: list[str]) -> bool:

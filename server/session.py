@@ -55,7 +55,7 @@ from execgate.server.backstop import Backstop
 from execgate.server.escalation import OPEN_TIMEOUT_S, Limits, handle_connection, open_in_thread
 from execgate.server.exec_facts import Coverage, learn
 from execgate.server.fdpass import close_fds, encode_frame, recv_datagram_nowait, wait_readable
-from execgate.server.identity import NotTheCallersDirectory, caller_directory, peer_cred, status_holds_root
+from execgate.server.identity import NotTheCallersDirectory, caller_directory, peer_cred, status_ids
 from execgate.server.policy import ExecFacts, Permissions, Policy, SessionContext
 from execgate.server.containment import NONE, Containment, Placement, Scope
 from execgate.server.session_start import StartPolicy
@@ -470,6 +470,6 @@ def _holds_root(pid: int) -> bool:
     2026-12-02: test_attack_peer_disguise.py)."""
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
-            return status_holds_root(f.read())
+            return status_ids(f.read()).holds_root
     except OSError:
         return True

@@ -98,7 +98,10 @@ def test_rules_trust_only_what_the_facts_show(tmp_path: Path) -> None:
 def test_status_holds_root_for_any_root_uid_or_any_capability() -> None:
     """SO_PEERCRED and the effective uid are not who the caller can become: a saved uid of 0,
     or a capability kept across setresuid (PR_SET_KEEPCAPS), is root's power."""
-    from execgate.server.identity import status_holds_root
+    from execgate.server.identity import status_ids
+
+    def status_holds_root(text: bytes) -> bool:
+        return status_ids(text).holds_root
 
     def status(uids: str, prm: str = "0000000000000000", eff: str = "0000000000000000") -> bytes:
         return f"Name:\tx\nUid:\t{uids}\nGid:\t0\t0\t0\t0\nCapPrm:\t{prm}\nCapEff:\t{eff}\n".encode()
@@ -109,3 +112,5 @@ def test_status_holds_root_for_any_root_uid_or_any_capability() -> None:
     assert status_holds_root(status("65534\t65534\t65534\t65534", prm="000000000000008a"))  # kept CAP_SETUID…
     assert status_holds_root(status("65534\t65534\t65534\t65534", eff="0000000000000001"))
     assert status_holds_root(b"Name:\tx\n")  # unreadable: judged as root
+    ids = status_ids(status("0\t65534\t65534\t65534") + b"Tgid:\t7\nPPid:\t3\n")
+    assert (ids.tgid, ids.ppid, ids.euid, ids.holds_root) == (7, 3, 65534, True)
